@@ -1,0 +1,639 @@
+"""A session per file in a store directory: lock, publish, append, scan, repair.
+
+The JSONL and Zstd backends differ only in how a batch of records becomes bytes and how
+those bytes are scanned back (their :class:`Framing`); everything else, and every
+durability step, is here once, on the core's primitives (``sessionlog.durable``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from sessionlog.contract import (
+    AppendFailed,
+    CorruptLog,
+    Damage,
+    InvalidEvent,
+    InvalidSessionId,
+    IOFailure,
+    RepairReport,
+    ScanResult,
+    SequenceConflict,
+    SessionExists,
+    SessionLocked,
+    SessionLogError,
+    SessionNotFound,
+    StoreClosed,
+    events_list,
+)
+from sessionlog.durable import (
+    O_NOFOLLOW,
+    OS,
+    FileLock,
+    FileSystem,
+    durable_append,
+    durable_truncate,
+    ensure_store_dir,
+    fsync_dir,
+    lock_is_held,
+    publish_new,
+    quarantine_name,
+    sweep_temps,
+)
+from sessionlog.events import LOG_TRUNCATED, Record, RecordError, TruncatedView, encode_record, header_event, valid_session_id
+from sessionlog.scan import DEFAULT_LIMITS, Limits
+from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
+
+READ_CHUNK = 1 << 20
+
+
+class PrefixScanner(Protocol):
+    """What a framing's scan returns: iterate for the prefix's records, then read the rest."""
+
+    stable_offset: int
+    last_seq: int
+    last_ts: float
+    count: int
+    damage: Damage | None
+
+    def __iter__(self) -> Iterator[Record]: ...
+
+
+class Framing(Protocol):
+    """How one file backend lays records out in bytes."""
+
+    suffix: str
+    atomic_batches: bool
+
+    def encode(self, lines: Sequence[bytes]) -> bytes:
+        """The bytes appended for one batch of record lines (no newlines in ``lines``)."""
+        ...
+
+    def scan(
+        self, read: Callable[[int], bytes], *, session_id: str | None, where: str, limits: Limits, owned: bool
+    ) -> PrefixScanner:
+        """A scanner over the whole file from offset 0."""
+        ...
+
+    def tail(
+        self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits
+    ) -> tuple[int, float]:
+        """Validate the header and the tail (last complete record, nothing after it) of an
+        open file of ``size`` bytes; return the last ``(seq, ts)``. Raises CorruptLog."""
+        ...
+
+
+def _fd_reader(fs: FileSystem, fd: int, start: int = 0) -> Callable[[int], bytes]:
+    pos = start
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        chunk = fs.pread(fd, n, pos)
+        pos += len(chunk)
+        return chunk
+
+    return read
+
+
+def _io_error(exc: OSError, path: str, what: str) -> SessionLogError:
+    if isinstance(exc, FileNotFoundError):
+        return SessionNotFound(f"{path}: no such session")
+    return IOFailure(f"{path}: {what} failed: {exc.strerror or exc}")
+
+
+class FileSession:
+    """The single writer of one session file, for as long as it is open.
+
+    Holds the session's flock; appends check that the path still names the open inode
+    and that its size is the remembered end, then write and fdatasync. After a failed
+    append the handle is unusable (open a new one)."""
+
+    def __init__(self, store: FileStore, session_id: str, *, timeout: float) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.path = store.path_of(session_id)
+        self._fs = store.fs
+        self._lock = FileLock(self._fs, store.lock_path_of(session_id))
+        self._fd: int | None = None
+        self._failed: str | None = None
+        self._mutex = threading.Lock()
+        try:
+            self._lock.acquire(timeout)
+        except OSError as exc:
+            raise _io_error(exc, self._lock.path, "taking the lock") from exc
+        try:
+            self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    # -- state -------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        fs = self._fs
+        try:
+            fd = fs.open(self.path, os.O_RDWR | os.O_APPEND | O_NOFOLLOW)
+        except FileNotFoundError:
+            raise SessionNotFound(f"{self.path}: no such session") from None
+        except OSError as exc:
+            raise _io_error(exc, self.path, "open") from exc
+        try:
+            st = fs.fstat(fd)
+            self._ino, self._end = st.st_ino, st.st_size
+            self._last_seq, self._last_ts = self.store.framing.tail(
+                fs, fd, self._end, session_id=self.session_id, where=self.path, limits=self.store.limits
+            )
+        except OSError as exc:
+            fs.close(fd)
+            raise _io_error(exc, self.path, "reading the tail") from exc
+        except BaseException:
+            fs.close(fd)
+            raise
+        self._fd = fd
+
+    def _revalidate(self) -> None:
+        """Under the lock: if another process (or compact) moved the file, reopen it."""
+        fs = self._fs
+        try:
+            st = fs.stat(self.path)
+        except FileNotFoundError:
+            raise SessionNotFound(f"{self.path}: session was deleted") from None
+        if st.st_ino == self._ino and st.st_size == self._end:
+            return
+        self._close_fd()
+        self._open()
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                self._fs.close(fd)
+            except OSError:
+                pass
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the session's last durable record."""
+        return self._last_seq
+
+    @property
+    def end(self) -> int:
+        return self._end
+
+    # -- writing -----------------------------------------------------------------------
+
+    def append(self, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None) -> int:
+        """Append ``events`` as one durable batch; returns the last seq assigned.
+
+        Durable on return. Raises SequenceConflict when ``expect_seq`` is not the last
+        seq, InvalidEvent for an event over the limits, AppendFailed when the write or
+        sync failed (the batch was rolled back; this handle is then closed)."""
+        batch = events_list(events)
+        with self._mutex:
+            self._check_usable()
+            try:
+                self._revalidate()
+            except OSError as exc:
+                raise _io_error(exc, self.path, "stat") from exc
+            if expect_seq is not None and expect_seq != self._last_seq:
+                raise SequenceConflict(
+                    f"{self.path}: expected last seq {expect_seq}, found {self._last_seq}",
+                    expected=expect_seq, found=self._last_seq,
+                )
+            if not batch:
+                return self._last_seq
+            lines = self.store.encode_batch(batch, self._last_seq + 1, self._last_ts)
+            data = self.store.framing.encode(lines)
+            if len(data) > self.store.limits.batch_limit:
+                raise InvalidEvent(
+                    f"batch of {len(data)} bytes exceeds the batch limit of "
+                    f"{self.store.limits.batch_limit} bytes; split it"
+                )
+            return self._write(data, len(lines), lines[-1])
+
+    def _write(self, data: bytes, n: int, last_line: bytes) -> int:
+        assert self._fd is not None
+        try:
+            self._end = durable_append(self._fs, self._fd, data, self._end)
+        except AppendFailed as exc:
+            self._failed = str(exc)
+            if exc.outcome_unknown:
+                self.store._poison(self.session_id, str(exc))
+            self._close_fd()
+            raise
+        self._last_seq += n
+        self._last_ts = Record.from_line(last_line).ts
+        return self._last_seq
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise StoreClosed(f"{self.path}: this handle failed earlier ({self._failed}); open a new one")
+        if self._fd is None or not self._lock.held:
+            raise StoreClosed(f"{self.path}: session handle is closed")
+        self.store._check_not_poisoned(self.session_id)
+
+    def records(self, after_seq: int = 0) -> Iterator[Record]:
+        """Stream the session's records with seq > ``after_seq``."""
+        return self.store.read(self.session_id, after_seq)
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the lock. Closing never raises over an exception already in flight."""
+        self._close_fd()
+        self._lock.release()
+
+    def __enter__(self) -> FileSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FileStore:
+    """The event store over a directory of session files with one :class:`Framing`."""
+
+    def __init__(
+        self,
+        directory: str,
+        framing: Framing,
+        *,
+        scheme: str,
+        fs: FileSystem = OS,
+        limits: Limits = DEFAULT_LIMITS,
+        lock_timeout: float = 10.0,
+        create_dir: bool = True,
+    ) -> None:
+        self.directory = os.path.abspath(directory)
+        self.framing = framing
+        self.fs = fs
+        self.limits = limits
+        self.lock_timeout = lock_timeout
+        self.url = f"{scheme}:{directory}"
+        self.atomic_batches = framing.atomic_batches
+        self._poisoned: dict[str, str] = {}
+        self._closed = False
+        if create_dir:
+            try:
+                ensure_store_dir(fs, self.directory)
+                sweep_temps(fs, self.directory)
+            except OSError as exc:
+                raise IOFailure(f"{self.directory}: cannot open store: {exc.strerror or exc}") from exc
+
+    # -- names -------------------------------------------------------------------------
+
+    def _check_id(self, session_id: str) -> None:
+        if not valid_session_id(session_id):
+            raise InvalidSessionId(
+                f"invalid session id {session_id!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}, no '..'"
+            )
+        if self._closed:
+            raise StoreClosed(f"{self.url}: store is closed")
+
+    def file_name(self, session_id: str) -> str:
+        return session_id + self.framing.suffix
+
+    def path_of(self, session_id: str) -> str:
+        return os.path.join(self.directory, self.file_name(session_id))
+
+    def lock_path_of(self, session_id: str) -> str:
+        return os.path.join(self.directory, f".{session_id}.lock")
+
+    def sessions(self) -> list[str]:
+        """The ids of every session in the store, sorted."""
+        suffix = self.framing.suffix
+        try:
+            names = self.fs.listdir(self.directory)
+        except OSError as exc:
+            raise IOFailure(f"{self.directory}: cannot list: {exc.strerror or exc}") from exc
+        out = []
+        for name in names:
+            if name.endswith(suffix) and not name.startswith("."):
+                sid = name[: -len(suffix)]
+                if valid_session_id(sid):
+                    out.append(sid)
+        return sorted(out)
+
+    def quarantines(self, session_id: str) -> list[str]:
+        """File names of the session's quarantined tails, oldest first."""
+        prefix = self.file_name(session_id) + "."
+        try:
+            names = self.fs.listdir(self.directory)
+        except OSError as exc:
+            raise IOFailure(f"{self.directory}: cannot list: {exc.strerror or exc}") from exc
+        return sorted(n for n in names if n.startswith(prefix) and n.endswith(".quarantine"))
+
+    # -- poison ------------------------------------------------------------------------
+
+    def _poison(self, session_id: str, why: str) -> None:
+        self._poisoned[session_id] = why
+
+    def _check_not_poisoned(self, session_id: str) -> None:
+        why = self._poisoned.get(session_id)
+        if why is not None:
+            raise AppendFailed(
+                f"{self.path_of(session_id)}: a rollback failed earlier in this process; appends "
+                f"are refused until a new process rescans ({why})",
+                outcome_unknown=True,
+            )
+
+    # -- encoding ----------------------------------------------------------------------
+
+    def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int, last_ts: float) -> list[bytes]:
+        """Record lines for ``events`` with seq from ``first_seq``; enforces the record limit."""
+        lines = []
+        limit = self.limits.record_limit
+        for i, event in enumerate(events):
+            try:
+                line = encode_record(event, first_seq + i)
+            except RecordError as exc:
+                raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
+            if len(line) > limit:
+                raise InvalidEvent(f"event {i} of the batch is {len(line)} bytes, over the record limit of {limit}")
+            lines.append(line)
+        return lines
+
+    # -- the contract ------------------------------------------------------------------
+
+    def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
+        """Publish a new session: header (seq 1) and ``events``, durable on return."""
+        self._check_id(session_id)
+        batch = [header_event(session_id), *events_list(events)]
+        lines = self.encode_batch(batch, 1, 0.0)
+        data = self.framing.encode(lines)
+        if len(data) > self.limits.batch_limit:
+            raise InvalidEvent(f"first batch of {len(data)} bytes exceeds the batch limit")
+        try:
+            publish_new(self.fs, self.directory, self.file_name(session_id), [data])
+        except FileExistsError:
+            raise SessionExists(f"{self.path_of(session_id)}: session {session_id!r} already exists") from None
+        except OSError as exc:
+            raise IOFailure(f"{self.path_of(session_id)}: create failed: {exc.strerror or exc}") from exc
+        return len(lines)
+
+    def session(
+        self, session_id: str, *, repair: bool = False, create: bool = False, timeout: float = 0.0
+    ) -> FileSession:
+        """Own the session until the handle is closed (SessionLocked if another writer does).
+
+        ``create=True`` publishes the session first if it does not exist; ``repair=True``
+        repairs a damaged tail and closes an open transcript first (never with force)."""
+        self._check_id(session_id)
+        if create:
+            try:
+                self.create(session_id)
+            except SessionExists:
+                pass
+        handle = FileSession(self, session_id, timeout=timeout) if not repair else None
+        if handle is not None:
+            return handle
+        lock = FileLock(self.fs, self.lock_path_of(session_id))
+        lock.acquire(timeout)
+        try:
+            report = self._repair_locked(session_id, force=False, dry_run=False)
+        finally:
+            lock.release()
+        if report.status == "refused":
+            raise CorruptLog(
+                f"{self.path_of(session_id)}: {report.reason}",
+                path=self.path_of(session_id),
+                offset=report.damage.offset if report.damage else None,
+                kind=str(report.damage.kind) if report.damage else None,
+            )
+        return FileSession(self, session_id, timeout=timeout)
+
+    def append(
+        self, session_id: str, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None
+    ) -> int:
+        """One-shot durable append: takes the lock (waiting up to ``lock_timeout``) for this call."""
+        self._check_id(session_id)
+        batch = events_list(events)
+        with FileSession(self, session_id, timeout=self.lock_timeout) as handle:
+            return handle.append(batch, expect_seq=expect_seq)
+
+    def _open_read(self, session_id: str) -> int:
+        path = self.path_of(session_id)
+        try:
+            return self.fs.open(path, os.O_RDONLY | O_NOFOLLOW)
+        except OSError as exc:
+            raise _io_error(exc, path, "open") from exc
+
+    def scan(self, session_id: str) -> ScanResult:
+        """Validate every record (never writes, never creates a lock file)."""
+        self._check_id(session_id)
+        owned = lock_is_held(self.fs, self.lock_path_of(session_id))
+        return self._scan(session_id, owned=owned)
+
+    def _scan(self, session_id: str, *, owned: bool) -> ScanResult:
+        path = self.path_of(session_id)
+        fd = self._open_read(session_id)
+        tracker = PendingCalls()
+        named: set[str] = set()
+        try:
+            scanner = self.framing.scan(
+                _fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=owned
+            )
+            for record in scanner:
+                tracker.feed(record)
+                if record.type == LOG_TRUNCATED:
+                    q = record.view(TruncatedView).quarantine
+                    if isinstance(q, str):
+                        named.add(q)
+        except OSError as exc:
+            raise _io_error(exc, path, "read") from exc
+        finally:
+            self.fs.close(fd)
+        unmarked = [q for q in self.quarantines(session_id) if q not in named]
+        result = ScanResult(
+            session=session_id,
+            path=path,
+            record_count=scanner.count,
+            last_seq=scanner.last_seq,
+            last_ts=scanner.last_ts,
+            stable_offset=scanner.stable_offset,
+            damage=scanner.damage,
+            open_turn=tracker.open_turn,
+            open_step=tracker.open_step,
+            unanswered_calls=[c.call_id for c in tracker.unanswered()],
+            owned=owned,
+            unmarked_quarantines=unmarked,
+            tracker=tracker,
+            _load=lambda: list(self.read(session_id)),
+        )
+        return result
+
+    def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
+        """Stream the durable prefix's records with seq > ``after_seq``.
+
+        Raises SequenceConflict (at the end) when ``after_seq`` lies beyond the log's
+        last record: the reader saw records that are no longer there."""
+        self._check_id(session_id)
+        return self._read(session_id, after_seq)
+
+    def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
+        path = self.path_of(session_id)
+        fd = self._open_read(session_id)
+        try:
+            scanner = self.framing.scan(
+                _fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
+            )
+            for record in scanner:
+                if record.seq > after_seq:
+                    yield record
+            if after_seq > scanner.last_seq:
+                raise SequenceConflict(
+                    f"{path}: read after seq {after_seq}, but the log ends at seq {scanner.last_seq}",
+                    expected=after_seq, found=scanner.last_seq,
+                )
+        except OSError as exc:
+            raise _io_error(exc, path, "read") from exc
+        finally:
+            self.fs.close(fd)
+
+    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
+        """Quarantine and cut a damaged tail, then close the open transcript, each step
+        durable, under the lock (SessionLocked while a writer owns the session).
+
+        ``mid-log`` and ``seq-break`` are refused (status "refused") unless ``force``.
+        A second repair appends nothing. ``dry_run`` reports without writing (and
+        without taking the lock)."""
+        self._check_id(session_id)
+        if dry_run:
+            owned = lock_is_held(self.fs, self.lock_path_of(session_id))
+            if owned:
+                return RepairReport(session_id, self.path_of(session_id), "refused",
+                                    reason="a writer owns the session")
+            return self._repair_plan(self._scan(session_id, owned=False), force=force, dry_run=True)
+        lock = FileLock(self.fs, self.lock_path_of(session_id))
+        try:
+            lock.acquire(0.0)
+        except OSError as exc:
+            raise _io_error(exc, lock.path, "taking the lock") from exc
+        try:
+            return self._repair_locked(session_id, force=force, dry_run=False)
+        finally:
+            lock.release()
+
+    def _repair_plan(self, scan: ScanResult, *, force: bool, dry_run: bool) -> RepairReport:
+        path = scan.path
+        damage = scan.damage
+        report = RepairReport(scan.session, path, "clean", damage=damage)
+        if damage is not None and damage.kind.needs_force and not force:
+            report.status = "refused"
+            report.reason = (
+                f"{damage.kind} at offset {damage.offset} ({damage.reason}); "
+                f"{damage.records_after} decodable record(s) after it may be acknowledged history: "
+                "repair with force to cut it"
+            )
+            return report
+        events: list[dict[str, Any]] = []
+        for name in scan.unmarked_quarantines:
+            events.append(self._marker_for_orphan(name, scan.last_ts))
+        quarantine = None
+        if damage is not None:
+            quarantine = quarantine_name(self.file_name(scan.session), damage.offset, str(damage.kind))
+            events.append(
+                truncation_marker(
+                    offset=damage.offset, dropped_bytes=damage.length, reason=str(damage.kind),
+                    quarantine=quarantine, ts=scan.last_ts, dropped_seqs=damage.dropped_seqs,
+                )
+            )
+            report.truncated_bytes = damage.length
+            report.quarantine = os.path.join(self.directory, quarantine)
+        events.extend(crash_plan(scan.tracker))
+        if not events:
+            return report
+        report.status = "repaired"
+        report.reason = str(damage.kind) if damage is not None else "open transcript"
+        lines = self.encode_batch(events, scan.last_seq + 1, scan.last_ts)
+        report.appended = [Record.from_line(line) for line in lines]
+        return report
+
+    def _marker_for_orphan(self, name: str, ts: float) -> dict[str, Any]:
+        """The marker that a repair interrupted between truncate and append did not write.
+        Quarantine names carry the cut's offset and kind: ``<log>.<offset>.<kind>.<stamp>.quarantine``."""
+        middle = name[len(self.file_name("")) :].removesuffix(".quarantine")
+        offset_text, _, rest = middle.partition(".")
+        reason = rest.partition(".")[0] or "unknown"
+        try:
+            size = self.fs.stat(os.path.join(self.directory, name)).st_size
+        except OSError:
+            size = 0
+        offset = int(offset_text) if offset_text.isdigit() else 0
+        return truncation_marker(offset=offset, dropped_bytes=size, reason=reason, quarantine=name, ts=ts)
+
+    def _repair_locked(self, session_id: str, *, force: bool, dry_run: bool) -> RepairReport:
+        scan = self._scan(session_id, owned=False)
+        report = self._repair_plan(scan, force=force, dry_run=dry_run)
+        if report.status != "repaired":
+            return report
+        fs = self.fs
+        path = self.path_of(session_id)
+        damage = scan.damage
+        try:
+            fd = fs.open(path, os.O_RDWR | os.O_APPEND | O_NOFOLLOW)
+        except OSError as exc:
+            raise _io_error(exc, path, "open") from exc
+        try:
+            end = scan.stable_offset
+            if damage is not None:
+                assert report.quarantine is not None
+                # 1. The tail is published under its quarantine name: after this it survives
+                #    power loss on its own, before a byte of the log is cut.
+                publish_new(
+                    fs, self.directory, os.path.basename(report.quarantine),
+                    _chunks(fs, fd, damage.offset, damage.offset + damage.length),
+                )
+                # 2. The log is cut back to its stable prefix (durable on return).
+                durable_truncate(fs, fd, damage.offset)
+            # 3. Marker, synthetic results and closers in one durable batch.
+            data = self.framing.encode([r.raw for r in report.appended])
+            durable_append(fs, fd, data, end)
+        except OSError as exc:
+            raise IOFailure(f"{path}: repair failed: {exc.strerror or exc}") from exc
+        finally:
+            fs.close(fd)
+        return report
+
+    def delete(self, session_id: str) -> None:
+        """Remove the session and its quarantine files durably (SessionLocked if owned)."""
+        self._check_id(session_id)
+        lock = FileLock(self.fs, self.lock_path_of(session_id))
+        lock.acquire(self.lock_timeout)
+        try:
+            path = self.path_of(session_id)
+            try:
+                self.fs.unlink(path)
+            except FileNotFoundError:
+                raise SessionNotFound(f"{path}: no such session") from None
+            for name in self.quarantines(session_id):
+                self.fs.unlink(os.path.join(self.directory, name))
+            fsync_dir(self.fs, self.directory)  # the removal survives power loss
+        except OSError as exc:
+            raise IOFailure(f"{path}: delete failed: {exc.strerror or exc}") from exc
+        finally:
+            lock.release()
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> FileStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _chunks(fs: FileSystem, fd: int, start: int, stop: int) -> Iterator[bytes]:
+    pos = start
+    while pos < stop:
+        chunk = fs.pread(fd, min(READ_CHUNK, stop - pos), pos)
+        if not chunk:
+            raise OSError(errno.EIO, "file shrank while quarantining its tail")
+        pos += len(chunk)
+        yield chunk

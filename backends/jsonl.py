@@ -1,0 +1,86 @@
+"""JSONL backend: ``DIR/<id>.jsonl``, one record per line, each line ending in ``\\n``.
+
+A batch is the concatenation of its lines. Batches are not atomic here: after a crash an
+unacknowledged batch may survive as a prefix of its whole records (``atomic_batches``
+is False); the scanner never keeps a partial line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sessionlog.contract import CorruptLog, DamageKind
+from sessionlog.durable import FileSystem
+from sessionlog.events import Record, RecordError
+from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header
+
+from .filestore import FileStore
+
+
+class JsonlFraming:
+    """Records as newline-terminated lines."""
+
+    suffix = ".jsonl"
+    atomic_batches = False
+
+    def encode(self, lines: Sequence[bytes]) -> bytes:
+        return b"\n".join(lines) + b"\n"
+
+    def scan(
+        self, read: Callable[[int], bytes], *, session_id: str | None, where: str, limits: Limits, owned: bool
+    ) -> LineScan:
+        return LineScan(read, session_id=session_id, where=where, limits=limits, owned=owned)
+
+    def tail(
+        self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits
+    ) -> tuple[int, float]:
+        window = limits.record_limit + 1
+        head = fs.pread(fd, window, 0)
+        nl = head.find(b"\n")
+        header = _decode(head[:nl] if nl >= 0 else b"", where, 0, "the header")
+        check_header(header, session_id, where)
+        if size == nl + 1:
+            return header.seq, header.ts
+        start = max(0, size - window)
+        data = fs.pread(fd, size - start, start)
+        if not data.endswith(b"\n"):
+            raise CorruptLog(
+                f"{where}: the last record ends without a newline (torn tail at EOF, size {size}); "
+                "repair the session before appending",
+                path=where, offset=start + data.rfind(b"\n") + 1, kind=str(DamageKind.TORN),
+            )
+        prev = data.rfind(b"\n", 0, len(data) - 1)
+        if prev < 0 and start > 0:
+            raise CorruptLog(f"{where}: the last record exceeds the record limit", path=where, offset=start)
+        last = _decode(data[prev + 1 : -1], where, start + prev + 1, "the last record")
+        return last.seq, last.ts
+
+
+def _decode(line: bytes, where: str, offset: int, what: str) -> Record:
+    try:
+        return Record.from_line(line)
+    except RecordError as exc:
+        raise CorruptLog(
+            f"{where}: {what} at offset {offset} does not decode ({exc.reason}); repair the session "
+            "before appending",
+            path=where, offset=offset, kind=str(DamageKind.CORRUPT),
+        ) from None
+
+
+def open_jsonl(directory: str, *, fs: FileSystem | None = None, limits: Limits = DEFAULT_LIMITS,
+               lock_timeout: float = 10.0) -> FileStore:
+    """The JSONL store in ``directory`` (created 0700 if missing)."""
+    kwargs = {} if fs is None else {"fs": fs}
+    return FileStore(directory, JsonlFraming(), scheme="jsonl", limits=limits, lock_timeout=lock_timeout, **kwargs)
+
+
+def open_url(url: str, **options: object) -> FileStore:
+    """``jsonl:DIR``."""
+    directory = url.partition(":")[2]
+    if directory.startswith("//"):
+        directory = directory[2:]
+    if not directory:
+        from sessionlog import InvalidStoreUrl
+
+        raise InvalidStoreUrl(f"{url!r}: a jsonl URL names a directory: jsonl:DIR")
+    return open_jsonl(directory, **options)  # type: ignore[arg-type]

@@ -1,0 +1,114 @@
+"""sessionlog: a crash-safe storage engine for agent session logs.
+
+Open a store by URL and append events to sessions::
+
+    store = sessionlog.open_store("jsonl:path/to/dir")
+    store.create("s1")
+    store.append("s1", [{"type": "turn/start", "turn": "t1"}])
+
+See DESIGN.md for the record format and the guarantees.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from .contract import (
+    AppendFailed,
+    CorruptLog,
+    Damage,
+    DamageKind,
+    EventStore,
+    InvalidEvent,
+    InvalidSessionId,
+    IOFailure,
+    RepairReport,
+    ScanResult,
+    SequenceConflict,
+    SessionExists,
+    SessionHandle,
+    SessionLocked,
+    SessionLogError,
+    SessionNotFound,
+    Status,
+    StoreClosed,
+    UnsupportedFormat,
+)
+from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
+from .scan import Limits
+
+__version__ = "0.1.0"
+
+# scheme -> "module:factory"; the factory takes the URL's remainder and keyword options.
+_BACKENDS: dict[str, str] = {
+    "memory": "sessionlog.backends.memory:open_url",
+    "jsonl": "sessionlog.backends.jsonl:open_url",
+    "zstd": "sessionlog.backends.zstd:open_url",
+    "sqlite": "sessionlog.backends.sql:open_url",
+    "postgresql": "sessionlog.backends.sql:open_url",
+}
+
+
+def scheme_of(url: str) -> str:
+    """The backend scheme of a store URL (``postgresql+psycopg://`` is ``postgresql``)."""
+    head, sep, _ = url.partition(":")
+    if not sep:
+        raise InvalidStoreUrl(f"{url!r} is not a store URL (jsonl:DIR, zstd:DIR, sqlite:///FILE, "
+                              "postgresql+psycopg://..., memory:)")
+    return head.partition("+")[0].lower()
+
+
+class InvalidStoreUrl(SessionLogError, ValueError):
+    """A store URL naming no known backend."""
+
+
+def open_store(url: str, **options: Any) -> EventStore:
+    """Open the event store a URL names: ``jsonl:DIR``, ``zstd:DIR``, ``sqlite:///FILE``,
+    ``postgresql+psycopg://...`` or ``memory:``.
+
+    Options are the backend's (``limits``, ``lock_timeout``, ...). Raises
+    :class:`InvalidStoreUrl` for an unknown scheme.
+    """
+    scheme = scheme_of(url)
+    target = _BACKENDS.get(scheme)
+    if target is None:
+        raise InvalidStoreUrl(f"{url!r}: unknown backend {scheme!r}; known: {', '.join(sorted(_BACKENDS))}")
+    module_name, _, factory = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise InvalidStoreUrl(f"{url!r}: the {scheme} backend is not available ({exc})") from exc
+    return getattr(module, factory)(url, **options)
+
+
+__all__ = [
+    "FORMAT",
+    "TOOL_NOT_STARTED",
+    "TOOL_OUTCOME_UNKNOWN",
+    "AppendFailed",
+    "CorruptLog",
+    "Damage",
+    "DamageKind",
+    "EventStore",
+    "IOFailure",
+    "InvalidEvent",
+    "InvalidSessionId",
+    "InvalidStoreUrl",
+    "Limits",
+    "Record",
+    "RepairReport",
+    "ScanResult",
+    "SequenceConflict",
+    "SessionExists",
+    "SessionHandle",
+    "SessionLocked",
+    "SessionLogError",
+    "SessionNotFound",
+    "Status",
+    "StoreClosed",
+    "UnsupportedFormat",
+    "open_store",
+    "scheme_of",
+]

@@ -1,0 +1,298 @@
+"""The event-store contract: what every backend promises, its result types and its errors.
+
+Every backend (memory, jsonl, zstd, sql) implements :class:`EventStore` and is tested by
+the one suite in ``tests/contract/``. The engine raises nothing but
+:class:`SessionLogError` subclasses; an ``OSError`` or driver error is chained as the
+cause.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .events import Record
+
+# --- errors ----------------------------------------------------------------------------
+
+
+class SessionLogError(Exception):
+    """Base of every error the engine raises."""
+
+
+class InvalidSessionId(SessionLogError, ValueError):
+    """A session id outside ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}`` or containing ``..``."""
+
+
+class InvalidEvent(SessionLogError, ValueError):
+    """An event that cannot be appended (no type, not serializable, over a size limit)."""
+
+
+class SessionExists(SessionLogError):
+    """``create`` of a session that is already there (or differs only in case)."""
+
+
+class SessionNotFound(SessionLogError, KeyError):
+    """The session does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument
+        return Exception.__str__(self)
+
+
+class SessionLocked(SessionLogError):
+    """Another writer owns the session (holds its lock)."""
+
+
+class SequenceConflict(SessionLogError):
+    """``expect_seq`` did not match the session's last seq."""
+
+    def __init__(self, message: str, *, expected: int, found: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.found = found
+
+
+class AppendFailed(SessionLogError):
+    """An append was not acknowledged. ``outcome_unknown`` is True when the batch may
+    still have become durable (an error during commit, a rollback that failed)."""
+
+    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
+
+
+class CorruptLog(SessionLogError):
+    """The log is damaged (or is not a session log) where the operation needs it whole."""
+
+    def __init__(
+        self, message: str, *, path: str | None = None, offset: int | None = None, kind: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+        self.kind = kind
+
+
+class UnsupportedFormat(SessionLogError):
+    """The header names a ``format`` this version does not know; nothing is repaired."""
+
+
+class IOFailure(SessionLogError):
+    """An operating-system or database error while reading or writing a store; the
+    original error is chained as the cause."""
+
+
+class StoreClosed(SessionLogError):
+    """The store or session handle was closed (or poisoned by a failed rollback)."""
+
+
+# --- damage and its policy (one table, every backend) ----------------------------------
+
+
+class DamageKind(enum.StrEnum):
+    """What the tail after the durable prefix is (DESIGN.md section 3)."""
+
+    TORN = "torn"
+    ZERO_FILL = "zero-fill"
+    CORRUPT = "corrupt"
+    SEQ_BREAK = "seq-break"
+    MID_LOG = "mid-log"
+    IN_FLIGHT = "in-flight"
+
+    @property
+    def needs_force(self) -> bool:
+        """True when cutting this tail may drop acknowledged history."""
+        return self in _NEEDS_FORCE
+
+    @property
+    def repairable(self) -> bool:
+        """True when ``repair`` truncates this tail without ``force``."""
+        return self in _REPAIRABLE
+
+
+_REPAIRABLE = frozenset({DamageKind.TORN, DamageKind.ZERO_FILL, DamageKind.CORRUPT})
+_NEEDS_FORCE = frozenset({DamageKind.SEQ_BREAK, DamageKind.MID_LOG})
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """The tail after the durable prefix.
+
+    ``offset`` is where the stable prefix ends (bytes for file backends, the position of
+    the first bad row for SQL), ``length`` the tail's size in bytes, ``records_after``
+    how many decodable records lie in the tail, ``dropped_seqs`` the first and last seq
+    among them (None when none decode), ``reason`` a short human explanation.
+    """
+
+    kind: DamageKind
+    offset: int
+    length: int
+    records_after: int = 0
+    reason: str = ""
+    dropped_seqs: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "offset": self.offset,
+            "length": self.length,
+            "records_after": self.records_after,
+        }
+
+
+class Status(enum.StrEnum):
+    """A session's scan status, as the command line reports it."""
+
+    CLEAN = "clean"
+    OPEN = "open"
+    REPAIRABLE = "repairable"
+    NEEDS_FORCE = "needs-force"
+    UNSUPPORTED = "unsupported"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What a scan found. ``records`` materializes the prefix on access."""
+
+    session: str
+    path: str | None
+    record_count: int
+    last_seq: int
+    last_ts: float
+    stable_offset: int
+    damage: Damage | None
+    open_turn: str | None
+    open_step: int | None
+    unanswered_calls: list[str]
+    owned: bool = False
+    unmarked_quarantines: list[str] = field(default_factory=list)
+    """Quarantine files no ``log/truncated`` marker names (a repair interrupted after its cut)."""
+    tracker: Any = field(default=None, repr=False)
+    _load: Callable[[], list[Record]] | None = field(default=None, repr=False)
+    _records: list[Record] | None = field(default=None, repr=False)
+
+    @property
+    def records(self) -> list[Record]:
+        """The records of the durable prefix, in order (read on first access)."""
+        if self._records is None:
+            self._records = self._load() if self._load is not None else []
+        return self._records
+
+    @property
+    def in_flight(self) -> bool:
+        return self.damage is not None and self.damage.kind is DamageKind.IN_FLIGHT
+
+    @property
+    def transcript_open(self) -> bool:
+        """True when repair would close something (a turn, a step, an unanswered call)."""
+        return bool(
+            self.open_turn is not None
+            or self.open_step is not None
+            or self.unanswered_calls
+            or self.unmarked_quarantines
+        )
+
+    @property
+    def status(self) -> Status:
+        if self.owned:
+            return Status.OPEN
+        if self.damage is not None:
+            return Status.NEEDS_FORCE if self.damage.kind.needs_force else Status.REPAIRABLE
+        return Status.REPAIRABLE if self.transcript_open else Status.CLEAN
+
+
+@dataclass(slots=True)
+class RepairReport:
+    """What a repair did (or, with ``dry_run``, would do)."""
+
+    session: str
+    path: str | None
+    status: str  # "repaired" | "clean" | "refused"
+    reason: str | None = None
+    truncated_bytes: int = 0
+    quarantine: str | None = None
+    appended: list[Mapping[str, Any]] = field(default_factory=list)
+    damage: Damage | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "path": self.path,
+            "status": self.status,
+            "reason": self.reason,
+            "truncated_bytes": self.truncated_bytes,
+            "quarantine": self.quarantine,
+            "appended": [dict(r) for r in self.appended],
+        }
+
+
+# --- the contract ----------------------------------------------------------------------
+
+
+@runtime_checkable
+class SessionHandle(Protocol):
+    """An owned session: the single writer, for as long as the handle is open."""
+
+    session_id: str
+
+    def append(self, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None) -> int: ...
+    @property
+    def last_seq(self) -> int: ...
+    def records(self, after_seq: int = 0) -> Iterator[Record]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> SessionHandle: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """What every backend provides. See DESIGN.md sections 3 and 4 for the guarantees."""
+
+    url: str
+    atomic_batches: bool
+    """True when an unacknowledged batch is absent or whole after a crash; False (JSONL)
+    when a prefix of its whole records may survive."""
+
+    def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
+        """Publish a new session (header, seq 1, then ``events``); returns the last seq.
+        Raises SessionExists, InvalidSessionId."""
+        ...
+
+    def append(
+        self, session_id: str, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None
+    ) -> int:
+        """Append durably under the lock for this call; returns the last seq assigned.
+        Raises SessionNotFound, SessionLocked, SequenceConflict, CorruptLog, AppendFailed."""
+        ...
+
+    def session(self, session_id: str, *, repair: bool = False, create: bool = False) -> SessionHandle:
+        """Own the session until the handle is closed. Raises SessionLocked, CorruptLog."""
+        ...
+
+    def scan(self, session_id: str) -> ScanResult:
+        """Validate the whole session without writing anything."""
+        ...
+
+    def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
+        """Stream the durable prefix's records with seq > ``after_seq``."""
+        ...
+
+    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
+        """Quarantine and truncate a damaged tail, then close the transcript."""
+        ...
+
+    def delete(self, session_id: str) -> None: ...
+    def sessions(self) -> list[str]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> EventStore: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def events_list(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``events`` as a list, refusing a lone mapping passed where a batch is expected."""
+    if isinstance(events, Mapping):
+        raise InvalidEvent("append takes a sequence of events, not a single mapping")
+    return list(events)

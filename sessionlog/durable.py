@@ -1,0 +1,272 @@
+"""File primitives with their durability spelled out, over one I/O seam.
+
+Every system call the file backends make goes through a :class:`FileSystem`; tests
+inject faults by subclassing it (fail the Nth ``fdatasync``, short-write, ENOSPC).
+Nothing here knows about records: it moves bytes durably.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import stat
+import sys
+import time
+from collections.abc import Iterable
+
+from .contract import AppendFailed, SessionExists, SessionLocked, SessionLogError
+
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+class FileSystem:
+    """The seam: thin wrappers over ``os``. Subclass to inject faults."""
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        return os.open(path, flags | O_CLOEXEC, mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def write(self, fd: int, data: memoryview) -> int:
+        return os.write(fd, data)
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        return os.pread(fd, n, offset)
+
+    def fsync(self, fd: int) -> None:
+        if sys.platform == "darwin":  # pragma: no cover - Linux is the target
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+        else:
+            os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        if sys.platform == "darwin":  # pragma: no cover
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+        else:
+            os.fdatasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def stat(self, path: str) -> os.stat_result:
+        return os.stat(path, follow_symlinks=False)
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(src, dst, follow_symlinks=False)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def mkdir(self, path: str, mode: int = DIR_MODE) -> None:
+        os.mkdir(path, mode)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def flock(self, fd: int, operation: int) -> None:
+        fcntl.flock(fd, operation)
+
+
+OS = FileSystem()
+
+
+def fsync_dir(fs: FileSystem, directory: str) -> None:
+    """After this, entries created, linked or unlinked in ``directory`` survive power loss."""
+    fd = fs.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+
+
+def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
+    """Write every byte of ``data``, looping over short writes."""
+    view = memoryview(data)
+    while view:
+        n = fs.write(fd, view)
+        if n <= 0:  # pragma: no cover - a regular file never does this
+            raise OSError(errno.EIO, "write returned 0")
+        view = view[n:]
+
+
+def ensure_store_dir(fs: FileSystem, directory: str) -> None:
+    """Create ``directory`` (mode 0700) if needed, durably linked into its parent."""
+    try:
+        fs.mkdir(directory, DIR_MODE)
+    except FileExistsError:
+        if not stat.S_ISDIR(fs.stat(directory).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
+        return
+    # After this the new store directory survives power loss.
+    fsync_dir(fs, os.path.dirname(os.path.abspath(directory)))
+
+
+def temp_name(final_name: str) -> str:
+    return f".{final_name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+
+
+def publish_new(fs: FileSystem, directory: str, final_name: str, chunks: Iterable[bytes]) -> None:
+    """Materialize ``directory/final_name`` holding ``chunks``, atomically and durably.
+
+    Temp file (O_EXCL|O_NOFOLLOW, 0600), fsync, ``link`` to the final name (never over an
+    existing file: FileExistsError), check the name is the temp's inode, fsync the
+    directory, unlink the temp. After return the file and its content survive power loss.
+    """
+    tmp = os.path.join(directory, temp_name(final_name))
+    final = os.path.join(directory, final_name)
+    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, FILE_MODE)
+    try:
+        try:
+            for chunk in chunks:
+                write_all(fs, fd, chunk)
+            fs.fsync(fd)  # the content is durable under the temp name
+            tmp_ino = fs.fstat(fd).st_ino
+        finally:
+            fs.close(fd)
+        fs.link(tmp, final)
+        if fs.stat(final).st_ino != tmp_ino:  # pragma: no cover - a racing replacement
+            raise OSError(errno.EEXIST, "published name is not the temp file", final)
+        fsync_dir(fs, directory)  # the final name survives power loss
+    finally:
+        try:
+            fs.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    # The temp's removal need not be durable: a leftover temp is swept when its pid is dead.
+
+
+def durable_append(fs: FileSystem, fd: int, data: bytes, end: int) -> int:
+    """Append ``data`` at ``end`` (the file's known size) and make it durable.
+
+    On any failure (including KeyboardInterrupt) the file is truncated back to ``end``
+    and fsynced, and :class:`AppendFailed` is raised chaining the cause. If the rollback
+    fails too, AppendFailed has ``outcome_unknown=True`` and the caller must poison the
+    handle. Returns the new end.
+    """
+    try:
+        write_all(fs, fd, data)
+        fs.fdatasync(fd)  # after this the batch survives power loss: acknowledge
+        return end + len(data)
+    except BaseException as exc:
+        try:
+            fs.ftruncate(fd, end)
+            fs.fsync(fd)  # the rollback is durable: the batch is not in the log
+        except BaseException as rollback_exc:
+            raise AppendFailed(
+                f"append failed ({exc!r}) and rolling back to offset {end} failed too "
+                f"({rollback_exc!r}): outcome unknown; rescan in a new process",
+                outcome_unknown=True,
+            ) from exc
+        if isinstance(exc, SessionLogError):
+            raise
+        raise AppendFailed(f"append failed and was rolled back to offset {end}: {exc!r}") from exc
+
+
+def durable_truncate(fs: FileSystem, fd: int, size: int) -> None:
+    """Cut the file to ``size``; after return the cut survives power loss."""
+    fs.ftruncate(fd, size)
+    fs.fsync(fd)
+
+
+def quarantine_name(log_name: str, offset: int, kind: str) -> str:
+    """A never-reused sibling name for the tail cut from ``log_name`` at ``offset``:
+    ``<log>.<offset>.<kind>.<utc stamp>-<random>.quarantine``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{log_name}.{offset}.{kind}.{stamp}-{secrets.token_hex(4)}.quarantine"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    return True
+
+
+def sweep_temps(fs: FileSystem, directory: str) -> None:
+    """Remove leftover publish temps whose writer process is dead."""
+    for name in fs.listdir(directory):
+        if not (name.startswith(".") and name.endswith(".tmp")):
+            continue
+        parts = name[:-4].rsplit(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        if not pid_alive(int(parts[1])):
+            try:
+                fs.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+class FileLock:
+    """An exclusive ``flock`` on a lock file that is created 0600 with O_NOFOLLOW and
+    never unlinked. One lock per instance; not usable after ``fork``."""
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self.fs = fs
+        self.path = path
+        self.fd: int | None = None
+        self._pid = os.getpid()
+
+    def acquire(self, timeout: float = 0.0) -> None:
+        """Take the lock, waiting up to ``timeout`` seconds; SessionLocked if it stays held."""
+        if self.fd is not None:
+            raise SessionLogError(f"{self.path}: lock already held by this handle")
+        fd = self.fs.open(self.path, os.O_RDWR | os.O_CREAT | O_NOFOLLOW, FILE_MODE)
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            try:
+                self.fs.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self.fs.close(fd)
+                    raise SessionLocked(f"{self.path}: another writer owns this session") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            except BaseException:
+                self.fs.close(fd)
+                raise
+        self.fd = fd
+        self._pid = os.getpid()
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None and os.getpid() == self._pid:
+            self.fs.close(fd)  # closing the descriptor drops the flock
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None and os.getpid() == self._pid
+
+
+def lock_is_held(fs: FileSystem, path: str) -> bool:
+    """True when some process holds the flock on ``path``. Never creates the file."""
+    try:
+        fd = fs.open(path, os.O_RDONLY | O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fs.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fs.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        fs.close(fd)

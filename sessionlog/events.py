@@ -1,0 +1,326 @@
+"""The vocabulary: the record envelope, the core event types and the recovery codes.
+
+A record is one JSON object on one line. The engine decodes only its envelope
+(``seq``, ``ts``, ``type``) while scanning and keeps the record's exact bytes;
+everything else is decoded lazily, on first access, and never re-serialized.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+FORMAT: Final = "sessionlog/1"
+"""The value of ``format`` in the ``session/start`` header this version writes and reads."""
+
+# Core event types (DESIGN.md section 2).
+SESSION_START: Final = "session/start"
+TURN_START: Final = "turn/start"
+TURN_END: Final = "turn/end"
+STEP_START: Final = "step/start"
+STEP_END: Final = "step/end"
+USER_MESSAGE: Final = "user/message"
+ASSISTANT_MESSAGE: Final = "assistant/message"
+TOOL_CALL: Final = "tool/call"
+TOOL_RESULT: Final = "tool/result"
+LOG_TRUNCATED: Final = "log/truncated"
+
+END_STATUSES: Final = frozenset({"completed", "error", "aborted", "interrupted"})
+
+# Recovery codes carried by synthetic tool/result records (is_error: true).
+TOOL_OUTCOME_UNKNOWN: Final = "TOOL_OUTCOME_UNKNOWN"
+"""A durable tool/call exists but no result: the tool may have run."""
+TOOL_NOT_STARTED: Final = "TOOL_NOT_STARTED"
+"""The assistant asked for the call but no tool/call exists: the body did not run."""
+
+MAX_DEPTH: Final = 128
+"""Deepest JSON nesting a record may have (the record object itself is depth 1)."""
+
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def valid_session_id(session: object) -> bool:
+    """True when ``session`` is a string a session may be named by (DESIGN.md section 2)."""
+    return (
+        isinstance(session, str)
+        and SESSION_ID.fullmatch(session) is not None
+        and ".." not in session
+    )
+
+
+class RecordError(ValueError):
+    """A line that does not decode as a record; ``reason`` says why in a few words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_str_decoder = msgspec.json.Decoder(str)
+_value_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def _pairs_unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise RecordError("duplicate key")
+    return dict(pairs)
+
+
+def _depth_exceeds(line: bytes, limit: int) -> bool:
+    """True when brackets outside strings nest deeper than ``limit``."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x7B, 0x5B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x7D, 0x5D):
+            depth -= 1
+    return False
+
+
+def decode_envelope(line: bytes) -> tuple[int, float, str]:
+    """Check that ``line`` (without its newline) decodes as a record; return its envelope.
+
+    "Decodes" means: strict UTF-8, one JSON object, unique top-level keys, ``seq`` an
+    integer, ``ts`` a finite number, ``type`` a non-empty string, nesting at most
+    ``MAX_DEPTH`` deep. Raises :class:`RecordError` otherwise.
+    """
+    if not line.isascii():
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
+    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
+        raise RecordError(f"nested deeper than {MAX_DEPTH}")
+    try:
+        fields = _fields_decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise RecordError(f"not a JSON object: {exc}") from None
+    # A compact object's length is determined by its members; anything else (spaces,
+    # escaped keys, a repeated key that the dict folded) takes the exact path.
+    n = len(fields)
+    if len(line) != 1 + sum(map(len, fields)) + sum(map(len, fields.values())) + 4 * n:
+        import json
+
+        try:
+            json.loads(line, object_pairs_hook=_pairs_unique)
+        except RecordError:
+            raise
+        except ValueError as exc:  # pragma: no cover - msgspec accepted it
+            raise RecordError(f"not a JSON object: {exc}") from None
+    try:
+        seq_raw, ts_raw, type_raw = fields["seq"], fields["ts"], fields["type"]
+    except KeyError as exc:
+        raise RecordError(f"missing {exc.args[0]!r}") from None
+    seq_text = bytes(seq_raw)
+    if not seq_text.lstrip(b"-").isdigit():
+        raise RecordError("seq is not an integer")
+    seq = int(seq_text)
+    try:
+        ts = float(bytes(ts_raw))
+    except ValueError:
+        raise RecordError("ts is not a number") from None
+    if not math.isfinite(ts):
+        raise RecordError("ts is not a finite number")
+    try:
+        type_ = _str_decoder.decode(type_raw)
+    except msgspec.DecodeError:
+        raise RecordError("type is not a string") from None
+    if not type_:
+        raise RecordError("type is empty")
+    return seq, ts, type_
+
+
+class Record(Mapping[str, Any]):
+    """One committed record: a read-only mapping over its exact bytes.
+
+    ``raw`` is the record's line without the trailing newline. The envelope is
+    available as attributes; the other members are decoded on first access.
+    """
+
+    __slots__ = ("raw", "seq", "ts", "type", "_fields")
+
+    def __init__(self, raw: bytes, seq: int, ts: float, type: str) -> None:
+        self.raw = raw
+        self.seq = seq
+        self.ts = ts
+        self.type = type
+        self._fields: dict[str, Any] | None = None
+
+    @classmethod
+    def from_line(cls, line: bytes) -> Record:
+        """Decode ``line`` (no newline); raises :class:`RecordError` if it is not a record."""
+        seq, ts, type_ = decode_envelope(line)
+        return cls(line, seq, ts, type_)
+
+    def _decoded(self) -> dict[str, Any]:
+        if self._fields is None:
+            self._fields = _value_decoder.decode(self.raw)
+        return self._fields
+
+    def __getitem__(self, key: str) -> Any:
+        return self._decoded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def view(self, cls: type[_V]) -> _V:
+        """Decode just the members ``cls`` (a typed view) names; unknown ones are skipped."""
+        return _view_decoder(cls).decode(self.raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A mutable copy of the decoded record."""
+        return dict(self._decoded())
+
+    def __repr__(self) -> str:
+        return f"Record({self.raw.decode('utf-8', 'replace')})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Record):
+            return self.raw == other.raw
+        return Mapping.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -> bytes:
+    """Serialize a new event as a record line (no newline), ``seq`` and ``ts`` first.
+
+    ``event`` must carry a non-empty string ``type`` and must not carry ``seq``; ``ts``
+    is kept when the event has one, else ``ts`` (or the current time) is used.
+    Raises :class:`RecordError` for an event that could not be read back as a record.
+    """
+    if not isinstance(event, Mapping):
+        raise RecordError(f"an event is a mapping, not {type(event).__name__}")
+    type_ = event.get("type")
+    if not isinstance(type_, str) or not type_:
+        raise RecordError("an event needs a non-empty string 'type'")
+    if "seq" in event:
+        raise RecordError("'seq' is assigned by the store; do not set it")
+    event_ts = event.get("ts")
+    if event_ts is None:
+        event_ts = time.time() if ts is None else ts
+    elif isinstance(event_ts, bool) or not isinstance(event_ts, (int, float)) or not math.isfinite(event_ts):
+        raise RecordError("'ts' must be a finite number of seconds since the epoch")
+    body = {"seq": seq, "ts": event_ts, "type": type_}
+    for key, value in event.items():
+        if key not in body:
+            if not isinstance(key, str):
+                raise RecordError("event keys are strings")
+            body[key] = value
+    try:
+        line = _encoder.encode(body)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        raise RecordError(f"event is not JSON-serializable: {exc}") from None
+    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
+        raise RecordError(f"event nested deeper than {MAX_DEPTH}")
+    return line
+
+
+def header_event(session: str) -> dict[str, Any]:
+    """The ``session/start`` event that is record 1 of every session."""
+    return {"type": SESSION_START, "session": session, "format": FORMAT}
+
+
+# --- typed views of the core vocabulary ------------------------------------------------
+# Each view names the members one kind of event carries; decoding a view skips the rest
+# of the record without building it (a tool/result's output is never materialized).
+
+
+class TurnView(msgspec.Struct):
+    """``turn/start``, ``turn/end``."""
+
+    turn: Any = None
+    status: Any = None
+
+
+class StepView(msgspec.Struct):
+    """``step/start``, ``step/end``, ``assistant/message``, ``tool/call``, ``tool/result``."""
+
+    turn: Any = None
+    step: Any = None
+    status: Any = None
+    call_id: Any = None
+    name: Any = None
+    tool_calls: Any = None
+
+
+class TruncatedView(msgspec.Struct):
+    """``log/truncated``."""
+
+    offset: Any = None
+    dropped_bytes: Any = None
+    reason: Any = None
+    quarantine: Any = None
+
+
+_V = TypeVar("_V", bound=msgspec.Struct)
+_view_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+def _view_decoder(cls: type) -> msgspec.json.Decoder:
+    decoder = _view_decoders.get(cls)
+    if decoder is None:
+        decoder = _view_decoders[cls] = msgspec.json.Decoder(cls)
+    return decoder
+
+
+def view(record: Mapping[str, Any], cls: type[_V]) -> _V:
+    """The typed view ``cls`` of a committed :class:`Record` or of a plain event mapping."""
+    if isinstance(record, Record):
+        try:
+            return record.view(cls)
+        except msgspec.ValidationError:
+            pass
+    return cls(**{name: record.get(name) for name in cls.__struct_fields__})
+
+
+class ToolCallRequest(msgspec.Struct, frozen=True):
+    """One entry of ``assistant/message.tool_calls``."""
+
+    id: str
+    name: str
+    arguments: Any = None
+
+
+def requested_calls(tool_calls: Any) -> list[ToolCallRequest]:
+    """The calls an ``assistant/message``'s ``tool_calls`` asks for, in order; malformed
+    entries are skipped."""
+    calls = tool_calls or []
+    out: list[ToolCallRequest] = []
+    if not isinstance(calls, list):
+        return out
+    for call in calls:
+        if isinstance(call, Mapping) and isinstance(call.get("id"), str):
+            name = call.get("name")
+            out.append(
+                ToolCallRequest(
+                    id=call["id"],
+                    name=name if isinstance(name, str) else "",
+                    arguments=call.get("arguments"),
+                )
+            )
+    return out

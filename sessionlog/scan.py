@@ -1,0 +1,250 @@
+"""Prefix rules shared by the byte-level backends: lines, envelope, contiguity, damage.
+
+Pure: the scanner reads from a ``read(n) -> bytes`` callable (a file's ``read``, a
+``BytesIO``, a decompressor) and never touches the file system itself. It yields the
+records of the longest valid prefix and then classifies whatever follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .contract import CorruptLog, Damage, DamageKind, UnsupportedFormat
+from .events import FORMAT, SESSION_START, Record, RecordError
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds that protect memory and bound what a crash can damage.
+
+    ``record_limit``: the largest record (line, without newline) append accepts and scan
+    reads. ``batch_limit``: the largest append batch in bytes; it is also "one append's
+    reach", the span a power loss can zero-fill at the end of a log.
+    """
+
+    record_limit: int = 1 << 20
+    batch_limit: int = 1 << 20
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def check_header(record: Record, session_id: str | None, where: str) -> None:
+    """Raise unless ``record`` is a valid ``session/start`` header for ``session_id``.
+
+    An unknown ``format`` is :class:`UnsupportedFormat`; anything else that is not a
+    header means the file is not a session log (:class:`CorruptLog`)."""
+    if record.seq != 1 or record.type != SESSION_START:
+        raise CorruptLog(
+            f"{where}: not a session log: record 1 is {record.type!r} with seq {record.seq}, "
+            "not a session/start header",
+            path=where, offset=0,
+        )
+    fields = record.to_dict()
+    fmt = fields.get("format")
+    if fmt != FORMAT:
+        raise UnsupportedFormat(f"{where}: format {fmt!r} is not supported (this version reads {FORMAT!r})")
+    if session_id is not None and fields.get("session") != session_id:
+        raise CorruptLog(
+            f"{where}: not the log of session {session_id!r}: its header names {fields.get('session')!r}",
+            path=where, offset=0,
+        )
+
+
+class LineScan:
+    """Stream the longest valid prefix of JSONL records from ``read``.
+
+    Iterate to get the prefix's records; afterwards ``stable_offset`` (absolute, starting
+    at ``start``), ``last_seq``, ``last_ts``, ``count`` and ``damage`` describe it. With
+    ``session_id`` set (and ``start == 0``) record 1 must be the session's header.
+    ``owned=True`` reports an incomplete last line as ``in-flight`` instead of ``torn``.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[int], bytes],
+        *,
+        session_id: str | None,
+        where: str,
+        start: int = 0,
+        expected_seq: int = 1,
+        last_ts: float = 0.0,
+        limits: Limits = DEFAULT_LIMITS,
+        owned: bool = False,
+    ) -> None:
+        self._read = read
+        self.session_id = session_id
+        self.where = where
+        self.start = start
+        self.expected_seq = expected_seq
+        self.limits = limits
+        self.owned = owned
+        self.stable_offset = start
+        self.last_seq = expected_seq - 1
+        self.last_ts = last_ts
+        self.count = 0
+        self.damage: Damage | None = None
+        self._done = False
+
+    def __iter__(self) -> Iterator[Record]:
+        if self._done:
+            raise RuntimeError("a LineScan is iterated once")
+        self._done = True
+        read, limit = self._read, self.limits.record_limit
+        buf = b""
+        base = self.start  # absolute offset of buf[0]
+        i = 0
+        expected = self.expected_seq
+        header_needed = self.session_id is not None and self.start == 0
+        from_line = Record.from_line
+        while True:
+            nl = buf.find(b"\n", i)
+            if nl < 0:
+                if len(buf) - i > limit:
+                    self._fail(base + i, buf[i:], None, "record exceeds the record limit")
+                    return
+                chunk = read(CHUNK)
+                if not chunk:
+                    if i < len(buf):
+                        self._fail(base + i, buf[i:], None, "last record ends without a newline")
+                    return
+                buf = buf[i:] + chunk
+                base += i
+                i = 0
+                continue
+            if nl - i > limit:
+                self._fail(base + i, buf[i:], None, "record exceeds the record limit")
+                return
+            line = buf[i:nl]
+            try:
+                record = from_line(line)
+            except RecordError as exc:
+                self._fail(base + i, buf[i:], False, exc.reason)
+                return
+            if record.seq != expected:
+                self._fail(base + i, buf[i:], True, f"seq {record.seq} where {expected} was expected")
+                return
+            if header_needed:
+                check_header(record, self.session_id, self.where)
+                header_needed = False
+            i = nl + 1
+            expected += 1
+            self.stable_offset = base + i
+            self.last_seq = record.seq
+            self.last_ts = record.ts
+            self.count += 1
+            yield record
+
+    def _fail(self, offset: int, pending: bytes, decodes: bool | None, reason: str) -> None:
+        """Classify the tail starting at ``offset``; ``pending`` holds its first bytes.
+
+        ``decodes`` is True for a whole record with the wrong seq, False for a whole line
+        that does not decode, None for a line cut short by EOF or over the limit."""
+        if self.count == 0 and self.session_id is not None and self.start == 0:
+            raise CorruptLog(
+                f"{self.where}: not a session log: the first record does not decode at offset "
+                f"{offset} ({reason})",
+                path=self.where, offset=offset,
+            )
+        tail = _TailCount(self._read, pending, offset, self.limits.record_limit)
+        if pending[:1] == b"\0":
+            # Crash damage only when whatever decodes after the NULs lies within one append's
+            # reach of the stable offset (etcd's rule); otherwise it may be acknowledged history.
+            tail.run()
+            within = tail.last_end - offset <= self.limits.batch_limit
+            kind = DamageKind.ZERO_FILL if within else DamageKind.MID_LOG
+            reason = "NUL bytes at the end of the log" if within else (
+                f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
+            )
+        elif decodes is None and reason == "record exceeds the record limit":
+            raise CorruptLog(
+                f"{self.where}: record at offset {offset} exceeds the record limit of "
+                f"{self.limits.record_limit} bytes",
+                path=self.where, offset=offset,
+            )
+        elif decodes:
+            tail.run()
+            kind = DamageKind.SEQ_BREAK
+        elif decodes is None:
+            tail.run()
+            kind = DamageKind.IN_FLIGHT if self.owned else DamageKind.TORN
+        else:
+            tail.run()
+            kind = DamageKind.MID_LOG if tail.count else DamageKind.CORRUPT
+        self.damage = Damage(
+            kind=kind,
+            offset=offset,
+            length=tail.end - offset,
+            records_after=tail.count,
+            reason=reason,
+            dropped_seqs=(tail.first_seq, tail.last_seq) if tail.count else None,
+        )
+
+
+class _TailCount:
+    """Walk the tail after damage: its length and the records that still decode in it."""
+
+    def __init__(self, read: Callable[[int], bytes], pending: bytes, offset: int, limit: int) -> None:
+        self._read = read
+        self._pending = pending
+        self._offset = offset
+        self._limit = limit
+        self.end = offset + len(pending)
+        self.count = 0
+        self.first_seq = 0
+        self.last_seq = 0
+        self.last_end = offset  # end of the last decodable record (offset if none)
+
+    def run(self) -> None:
+        buf = self._pending
+        base = self._offset
+        skipping = False  # inside a line longer than the limit
+        i = 0
+        while True:
+            nl = buf.find(b"\n", i)
+            if nl < 0:
+                if len(buf) - i > self._limit:
+                    skipping = True
+                    base += len(buf)
+                    buf = b""
+                    i = 0
+                chunk = self._read(CHUNK)
+                if not chunk:
+                    return
+                self.end += len(chunk)
+                buf = buf[i:] + chunk
+                base += i
+                i = 0
+                continue
+            if not skipping:
+                try:
+                    record = Record.from_line(buf[i:nl])
+                except RecordError:
+                    pass
+                else:
+                    if not self.count:
+                        self.first_seq = record.seq
+                    self.count += 1
+                    self.last_seq = record.seq
+                    self.last_end = base + nl + 1
+            skipping = False
+            i = nl + 1
+
+
+def scan_bytes(data: bytes, *, session_id: str | None = None, limits: Limits = DEFAULT_LIMITS,
+               owned: bool = False) -> tuple[list[Record], int, Damage | None]:
+    """Scan an in-memory log: ``(records, stable_offset, damage)``."""
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        chunk = data[pos:pos + n]
+        pos += len(chunk)
+        return chunk
+
+    scan = LineScan(read, session_id=session_id, where="<bytes>", limits=limits, owned=owned)
+    records = list(scan)
+    return records, scan.stable_offset, scan.damage

@@ -1,0 +1,223 @@
+"""Pending-call tracking and transcript repair: pure functions over events, no I/O.
+
+One :class:`PendingCalls` tracker, fed records in order, knows what is open: the turn,
+the step, and for the open step the assistant's calls in order, which have a durable
+``tool/call`` and which have a result. Crash repair (:func:`crash_plan`) and live step
+recovery (:func:`recovery_results`) both build their synthetic results from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import (
+    ASSISTANT_MESSAGE,
+    LOG_TRUNCATED,
+    STEP_END,
+    STEP_START,
+    TOOL_CALL,
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
+    TOOL_RESULT,
+    TURN_END,
+    TURN_START,
+    Record,
+    StepView,
+    TurnView,
+    requested_calls,
+    view,
+)
+
+_TRACKED = frozenset(
+    {TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT}
+)
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A call the open step's assistant message asked for."""
+
+    call_id: str
+    name: str
+    call_seq: int | None = None  # seq of its durable tool/call, if any
+    answered: bool = False
+
+
+@dataclass(slots=True)
+class PendingCalls:
+    """Incremental tracker of what a session leaves open. Feed it every record in order."""
+
+    open_turn: str | None = None
+    open_step: int | None = None
+    step_turn: str | None = None
+    calls: list[PendingCall] = field(default_factory=list)
+    last_seq: int = 0
+    last_ts: float = 0.0
+    _by_id: dict[str, PendingCall] = field(default_factory=dict)
+
+    def feed(self, record: Mapping[str, Any]) -> None:
+        """Account for one committed record (a :class:`~sessionlog.events.Record` or a dict).
+
+        Only the members the transcript needs are decoded (typed views): a tool result's
+        output is never materialized."""
+        if isinstance(record, Record):
+            type_, seq, ts = record.type, record.seq, record.ts
+        else:
+            type_, seq, ts = record["type"], record["seq"], record["ts"]
+        self.last_seq = seq
+        self.last_ts = ts
+        if type_ not in _TRACKED:
+            return
+        if type_ in (TURN_START, TURN_END):
+            turn = view(record, TurnView).turn
+            self.open_turn = turn if type_ == TURN_START else None
+            self.open_step = None
+            self._reset_calls()
+            return
+        v = view(record, StepView)
+        if type_ == TOOL_RESULT:
+            call = self._by_id.get(v.call_id) if isinstance(v.call_id, str) else None
+            if call is not None:
+                call.answered = True
+        elif type_ == TOOL_CALL:
+            call = self._by_id.get(v.call_id) if isinstance(v.call_id, str) else None
+            if call is not None and call.call_seq is None:
+                call.call_seq = seq
+        elif type_ == ASSISTANT_MESSAGE:
+            self.step_turn = v.turn if v.turn is not None else self.open_turn
+            if self.open_step is None and isinstance(v.step, int):
+                self.open_step = v.step
+            self._reset_calls()
+            for req in requested_calls(v.tool_calls):
+                if req.id not in self._by_id:
+                    call = PendingCall(req.id, req.name)
+                    self.calls.append(call)
+                    self._by_id[req.id] = call
+        elif type_ == STEP_START:
+            self.open_step = v.step
+            self.step_turn = v.turn if v.turn is not None else self.open_turn
+            self._reset_calls()
+        elif type_ == STEP_END:
+            self.open_step = None
+            self._reset_calls()
+
+    def feed_all(self, records: Iterable[Mapping[str, Any]]) -> PendingCalls:
+        for record in records:
+            self.feed(record)
+        return self
+
+    def _reset_calls(self) -> None:
+        # Calls of a closed step are history: repair leaves them as they are.
+        if self.calls:
+            self.calls = []
+            self._by_id = {}
+
+    def unanswered(self) -> list[PendingCall]:
+        """The open step's calls without a result, in the assistant's order."""
+        return [c for c in self.calls if not c.answered]
+
+    @property
+    def is_open(self) -> bool:
+        return self.open_turn is not None or self.open_step is not None or any(
+            not c.answered for c in self.calls
+        )
+
+
+def unknown_outcome_text(name: str, call_id: str, call_seq: int) -> str:
+    return (
+        f"{TOOL_OUTCOME_UNKNOWN}: the call to tool {name!r} (id {call_id}) was durably recorded "
+        f"as started (record seq {call_seq}), but no result was recorded before the step was "
+        "interrupted. The tool may or may not have run, and any side effects may have happened. "
+        "Do not blindly retry an operation with side effects: check the current state first; "
+        "retry only read-only or idempotent work."
+    )
+
+
+def not_started_text(name: str, call_id: str) -> str:
+    return (
+        f"{TOOL_NOT_STARTED}: the call to tool {name!r} (id {call_id}) was requested but never "
+        "started (no start record exists, and one is always written before a tool runs), so it "
+        "had no effect. It is safe to call it again if it is still needed."
+    )
+
+
+def synthetic_result(call: PendingCall, *, turn: Any, step: Any, ts: float) -> dict[str, Any]:
+    """The synthetic ``tool/result`` for an unanswered call (no ``seq``: the store assigns it)."""
+    result: dict[str, Any] = {
+        "type": TOOL_RESULT,
+        "ts": ts,
+        "turn": turn,
+        "step": step,
+        "call_id": call.call_id,
+        "name": call.name,
+    }
+    if call.call_seq is not None:
+        result["output"] = unknown_outcome_text(call.name, call.call_id, call.call_seq)
+        result["is_error"] = True
+        result["code"] = TOOL_OUTCOME_UNKNOWN
+        result["call_seq"] = call.call_seq
+    else:
+        result["output"] = not_started_text(call.name, call.call_id)
+        result["is_error"] = True
+        result["code"] = TOOL_NOT_STARTED
+    result["synthetic"] = True
+    return result
+
+
+def recovery_results(tracker: PendingCalls, *, ts: float | None = None) -> list[dict[str, Any]]:
+    """Synthetic results for the open step's unanswered calls, in the assistant's order."""
+    when = tracker.last_ts if ts is None else ts
+    turn = tracker.step_turn if tracker.step_turn is not None else tracker.open_turn
+    return [
+        synthetic_result(c, turn=turn, step=tracker.open_step, ts=when) for c in tracker.unanswered()
+    ]
+
+
+def closers(tracker: PendingCalls, status: str, *, ts: float | None = None) -> list[dict[str, Any]]:
+    """``step/end`` and ``turn/end`` with ``status`` for whatever the tracker has open."""
+    when = tracker.last_ts if ts is None else ts
+    out: list[dict[str, Any]] = []
+    if tracker.open_step is not None:
+        turn = tracker.step_turn if tracker.step_turn is not None else tracker.open_turn
+        out.append(
+            {"type": STEP_END, "ts": when, "turn": turn, "step": tracker.open_step,
+             "status": status, "synthetic": True}
+        )
+    if tracker.open_turn is not None:
+        out.append({"type": TURN_END, "ts": when, "turn": tracker.open_turn, "status": status,
+                    "synthetic": True})
+    return out
+
+
+def crash_plan(tracker: PendingCalls) -> list[dict[str, Any]]:
+    """What crash repair appends to close the open tail: a synthetic result for every
+    unanswered call (in call order), then ``step/end`` and ``turn/end`` with status
+    ``interrupted``. Reuses the ``ts`` of the last real record. Empty when nothing is open."""
+    return recovery_results(tracker) + closers(tracker, "interrupted")
+
+
+def truncation_marker(
+    *,
+    offset: int,
+    dropped_bytes: int,
+    reason: str,
+    quarantine: str | None,
+    ts: float,
+    dropped_seqs: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """The ``log/truncated`` record repair writes where it cut a tail. Opaque: it names
+    the quarantine file, never the dropped content."""
+    marker: dict[str, Any] = {
+        "type": LOG_TRUNCATED,
+        "ts": ts,
+        "offset": offset,
+        "dropped_bytes": dropped_bytes,
+        "reason": reason,
+        "quarantine": quarantine,
+    }
+    if dropped_seqs is not None:
+        marker["dropped_seqs"] = [dropped_seqs[0], dropped_seqs[1]]
+    marker["synthetic"] = True
+    return marker
