@@ -1,0 +1,1 @@
+"""Throughput benchmarks (installed as sessionlog.bench; run as python -m benchmarks)."""
