@@ -11,7 +11,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from sessionlog.contract import (
@@ -29,6 +29,7 @@ from sessionlog.contract import (
     SessionLogError,
     SessionNotFound,
     StoreClosed,
+    ImportCheck,
     events_list,
 )
 from sessionlog.durable import (
@@ -375,6 +376,36 @@ class FileStore:
         except OSError as exc:
             raise IOFailure(f"{self.path_of(session_id)}: create failed: {exc.strerror or exc}") from exc
         return len(lines)
+
+    def import_session(self, session_id: str, records: Iterable[Record]) -> int:
+        """Publish a new session of exactly ``records`` (bytes verbatim), all or nothing:
+        the file is written under a temp name, fsynced, then linked into place."""
+        self._check_id(session_id)
+        check = ImportCheck(session_id)
+        try:
+            publish_new(self.fs, self.directory, self.file_name(session_id),
+                        self._batches(map(check, records)))
+        except FileExistsError:
+            raise SessionExists(f"{self.path_of(session_id)}: session {session_id!r} already exists") from None
+        except OSError as exc:
+            raise IOFailure(f"{self.path_of(session_id)}: import failed: {exc.strerror or exc}") from exc
+        if check.last_seq == 0:
+            raise InvalidEvent(f"import of {session_id!r}: no records")  # pragma: no cover - publish wrote nothing
+        return check.last_seq
+
+    def _batches(self, records: Iterable[Record], per_batch: int = 64) -> Iterator[bytes]:
+        """Group records into batches of at most ``per_batch`` records and the batch limit."""
+        lines: list[bytes] = []
+        size = 0
+        limit = self.limits.batch_limit
+        for record in records:
+            if lines and (len(lines) >= per_batch or size + len(record.raw) + 1 > limit):
+                yield self.framing.encode(lines)
+                lines, size = [], 0
+            lines.append(record.raw)
+            size += len(record.raw) + 1
+        if lines:
+            yield self.framing.encode(lines)
 
     def session(
         self, session_id: str, *, repair: bool = False, create: bool = False, timeout: float = 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sessionlog.contract import (
@@ -18,6 +18,7 @@ from sessionlog.contract import (
     SessionLocked,
     SessionNotFound,
     StoreClosed,
+    ImportCheck,
     events_list,
 )
 from sessionlog.events import Record, RecordError, encode_record, header_event, valid_session_id
@@ -109,6 +110,18 @@ class MemoryStore:
                 raise SessionExists(f"memory:{session_id}: session already exists")
             self._sessions[session_id] = records
         return len(records)
+
+    def import_session(self, session_id: str, records: Iterable[Record]) -> int:
+        self._check_id(session_id)
+        check = ImportCheck(session_id)
+        copied = [Record.from_line(bytes(check(r).raw)) for r in records]
+        if not copied:
+            raise InvalidEvent(f"import of {session_id!r}: no records")
+        with self._cond:
+            if session_id in self._sessions:
+                raise SessionExists(f"memory:{session_id}: session already exists")
+            self._sessions[session_id] = copied
+        return len(copied)
 
     def _acquire(self, session_id: str, owner: object, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -284,6 +284,13 @@ class EventStore(Protocol):
         """Quarantine and truncate a damaged tail, then close the transcript."""
         ...
 
+    def import_session(self, session_id: str, records: Iterable[Record]) -> int:
+        """Publish a new session made of exactly ``records`` (their bytes verbatim: seq,
+        ts and unknown fields kept), atomically: all of it or nothing. The records must
+        start with this session's header and be contiguous. Returns the last seq.
+        Raises SessionExists, InvalidEvent. Used by ``convert`` and ``compact``."""
+        ...
+
     def delete(self, session_id: str) -> None: ...
     def sessions(self) -> list[str]: ...
     def close(self) -> None: ...
@@ -296,3 +303,25 @@ def events_list(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     if isinstance(events, Mapping):
         raise InvalidEvent("append takes a sequence of events, not a single mapping")
     return list(events)
+
+
+class ImportCheck:
+    """Checks that records handed to ``import_session`` form a valid session, in order."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.last_seq = 0
+
+    def __call__(self, record: Record) -> Record:
+        if record.seq != self.last_seq + 1:
+            raise InvalidEvent(
+                f"import of {self.session_id!r}: seq {record.seq} where {self.last_seq + 1} was expected"
+            )
+        if self.last_seq == 0:
+            from .events import FORMAT, SESSION_START
+
+            fields = record.to_dict()
+            if record.type != SESSION_START or fields.get("session") != self.session_id or fields.get("format") != FORMAT:
+                raise InvalidEvent(f"import of {self.session_id!r}: record 1 is not this session's header")
+        self.last_seq = record.seq
+        return record
