@@ -1,0 +1,355 @@
+"""The event-store contract, run against every backend in conftest.BACKENDS."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import sessionlog
+from sessionlog import (
+    InvalidEvent,
+    InvalidSessionId,
+    SequenceConflict,
+    SessionExists,
+    SessionLocked,
+    SessionNotFound,
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
+)
+
+TURN = [
+    {"type": "turn/start", "turn": "t1"},
+    {"type": "user/message", "turn": "t1", "content": "hi"},
+    {"type": "step/start", "turn": "t1", "step": 1},
+    {
+        "type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+        "tool_calls": [
+            {"id": "c1", "name": "read", "arguments": {"path": "/a"}},
+            {"id": "c2", "name": "write", "arguments": {"path": "/b"}},
+            {"id": "c3", "name": "ls", "arguments": {}},
+        ],
+    },
+    {"type": "tool/call", "turn": "t1", "step": 1, "call_id": "c1", "name": "read"},
+    {"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "ok", "is_error": False},
+    {"type": "tool/call", "turn": "t1", "step": 1, "call_id": "c2", "name": "write"},
+]
+
+CLOSED = [
+    {"type": "turn/start", "turn": "t1"},
+    {"type": "step/start", "turn": "t1", "step": 1},
+    {"type": "assistant/message", "turn": "t1", "step": 1, "content": "done", "tool_calls": []},
+    {"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+    {"type": "turn/end", "turn": "t1", "status": "completed"},
+]
+
+
+def types(records):
+    return [r["type"] for r in records]
+
+
+def test_create_publishes_header(store):
+    assert store.create("s1") == 1
+    [header] = list(store.read("s1"))
+    assert header["type"] == "session/start"
+    assert header["session"] == "s1"
+    assert header["format"] == "sessionlog/1"
+    assert header["seq"] == 1 and isinstance(header["ts"], float)
+    assert "s1" in store.sessions()
+
+
+def test_create_existing_raises(store):
+    store.create("s1")
+    with pytest.raises(SessionExists):
+        store.create("s1")
+    assert len(list(store.read("s1"))) == 1
+
+
+def test_create_with_first_events(store):
+    assert store.create("s1", CLOSED) == 6
+    assert types(store.read("s1")) == ["session/start"] + [e["type"] for e in CLOSED]
+
+
+def test_append_assigns_contiguous_seq_and_ts(store):
+    store.create("s1")
+    assert store.append("s1", [{"type": "turn/start", "turn": "t1"}]) == 2
+    assert store.append("s1", [{"type": "a"}, {"type": "b", "ts": 12.5}]) == 4
+    recs = list(store.read("s1"))
+    assert [r["seq"] for r in recs] == [1, 2, 3, 4]
+    assert recs[3]["ts"] == 12.5
+    assert all(isinstance(r["ts"], (int, float)) for r in recs)
+
+
+def test_append_empty_batch_is_noop(store):
+    store.create("s1")
+    assert store.append("s1", []) == 1
+    assert len(list(store.read("s1"))) == 1
+
+
+def test_append_to_missing_session(store):
+    with pytest.raises(SessionNotFound):
+        store.append("nope", [{"type": "x"}])
+
+
+def test_expect_seq(store):
+    store.create("s1")
+    assert store.append("s1", [{"type": "a"}], expect_seq=1) == 2
+    with pytest.raises(SequenceConflict) as info:
+        store.append("s1", [{"type": "b"}], expect_seq=1)
+    assert info.value.expected == 1 and info.value.found == 2
+    assert store.append("s1", [{"type": "b"}], expect_seq=2) == 3
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "a", "b"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "a/b", "../x", "a..b", ".hidden", "-x", "x" * 129, "sp ace", "é", "a\0b", None, 5],
+)
+def test_bad_session_ids_refused(store, bad):
+    with pytest.raises(InvalidSessionId):
+        store.create(bad)
+    with pytest.raises(InvalidSessionId):
+        store.append(bad, [{"type": "x"}])
+    with pytest.raises(InvalidSessionId):
+        store.scan(bad)
+
+
+def test_good_session_ids(store):
+    for sid in ["a", "A.b-c_d", "0" * 128, "x.y"]:
+        store.create(sid)
+    assert set(store.sessions()) >= {"a", "A.b-c_d", "0" * 128, "x.y"}
+
+
+@pytest.mark.parametrize(
+    "event",
+    [{"no": "type"}, {"type": ""}, {"type": 5}, {"type": "x", "seq": 3}, {"type": "x", "v": object()},
+     {"type": "x", "ts": "yesterday"}, {"type": "x", "ts": float("nan")}],
+)
+def test_invalid_events_refused_and_nothing_written(store, event):
+    store.create("s1")
+    with pytest.raises(InvalidEvent):
+        store.append("s1", [{"type": "fine"}, event])
+    assert len(list(store.read("s1"))) == 1
+    assert store.append("s1", [{"type": "fine"}]) == 2
+
+
+def test_single_mapping_is_not_a_batch(store):
+    store.create("s1")
+    with pytest.raises(InvalidEvent):
+        store.append("s1", {"type": "x"})
+
+
+def test_unknown_types_and_fields_round_trip_verbatim(store):
+    store.create("s1")
+    odd = {"type": "llm/retry", "attempt": 2, "nested": {"ü": [1, 2.5, None, True, {"k": "v\n"}]},
+           "big": 12345678901234567890, "emoji": "\U0001F600"}
+    store.append("s1", [odd])
+    rec = list(store.read("s1"))[1]
+    assert rec["nested"] == odd["nested"]
+    assert rec["big"] == odd["big"] and rec["emoji"] == odd["emoji"]
+    raw = rec.raw
+    # the scan, the repair and the copy keep those bytes
+    assert store.scan("s1").records[1].raw == raw
+    store.repair("s1")
+    assert list(store.read("s1"))[1].raw == raw
+    dst = sessionlog.open_store("memory:")
+    dst.import_session("s1", store.read("s1"))
+    assert [r.raw for r in dst.read("s1")] == [r.raw for r in store.read("s1")]
+
+
+def test_records_are_read_only(store):
+    store.create("s1")
+    rec = next(iter(store.read("s1")))
+    with pytest.raises(TypeError):
+        rec["type"] = "x"  # type: ignore[index]
+
+
+def test_read_after_seq(store):
+    store.create("s1", CLOSED)
+    assert [r["seq"] for r in store.read("s1", after_seq=4)] == [5, 6]
+    assert list(store.read("s1", after_seq=6)) == []
+    with pytest.raises(SequenceConflict):
+        list(store.read("s1", after_seq=9))
+
+
+def test_scan_clean_session(store):
+    store.create("s1", CLOSED)
+    res = store.scan("s1")
+    assert res.status == "clean"
+    assert res.damage is None
+    assert res.open_turn is None and res.open_step is None and res.unanswered_calls == []
+    assert types(res.records) == ["session/start"] + [e["type"] for e in CLOSED]
+
+
+def test_scan_reports_open_transcript(store):
+    store.create("s1", TURN)
+    res = store.scan("s1")
+    assert res.status == "repairable"
+    assert res.damage is None
+    assert res.open_turn == "t1" and res.open_step == 1
+    assert res.unanswered_calls == ["c2", "c3"]
+
+
+def test_repair_closes_transcript(store):
+    store.create("s1", TURN)
+    rep = store.repair("s1")
+    assert rep.status == "repaired"
+    assert rep.truncated_bytes == 0 and rep.quarantine is None
+    appended = [dict(r) for r in rep.appended]
+    assert [(r["type"], r.get("call_id"), r.get("code")) for r in appended] == [
+        ("tool/result", "c2", TOOL_OUTCOME_UNKNOWN),
+        ("tool/result", "c3", TOOL_NOT_STARTED),
+        ("step/end", None, None),
+        ("turn/end", None, None),
+    ]
+    assert all(r["synthetic"] is True for r in appended)
+    assert appended[0]["call_seq"] == 8 and appended[0]["is_error"] is True
+    assert appended[2]["status"] == appended[3]["status"] == "interrupted"
+    last_real_ts = list(store.read("s1"))[7]["ts"]
+    assert all(r["ts"] == last_real_ts for r in appended)
+    recs = list(store.read("s1"))
+    assert [r["seq"] for r in recs] == list(range(1, 13))
+    # The committed result of c1 was not replaced.
+    assert [r["call_id"] for r in recs if r["type"] == "tool/result"] == ["c1", "c2", "c3"]
+    res = store.scan("s1")
+    assert res.status == "clean" and res.unanswered_calls == []
+
+
+def test_repair_is_idempotent(store):
+    store.create("s1", TURN)
+    store.repair("s1")
+    before = [r.raw for r in store.read("s1")]
+    again = store.repair("s1")
+    assert again.status == "clean" and again.appended == []
+    assert [r.raw for r in store.read("s1")] == before
+
+
+def test_repair_dry_run_writes_nothing(store):
+    store.create("s1", TURN)
+    before = [r.raw for r in store.read("s1")]
+    plan = store.repair("s1", dry_run=True)
+    assert plan.status == "repaired" and len(plan.appended) == 4
+    assert [r.raw for r in store.read("s1")] == before
+    assert [r.raw for r in store.repair("s1").appended] == [r.raw for r in plan.appended]
+
+
+def test_repair_clean_session_changes_nothing(store):
+    store.create("s1", CLOSED)
+    before = [r.raw for r in store.read("s1")]
+    assert store.repair("s1").status == "clean"
+    assert [r.raw for r in store.read("s1")] == before
+
+
+def test_closed_historical_turn_is_left_alone(store):
+    hist = TURN + [
+        {"type": "step/end", "turn": "t1", "step": 1, "status": "error"},
+        {"type": "turn/end", "turn": "t1", "status": "error"},
+    ]
+    store.create("s1", hist)
+    assert store.scan("s1").status == "clean"
+    assert store.repair("s1").status == "clean"
+
+
+def test_session_handle_owns_the_session(store):
+    store.create("s1")
+    with store.session("s1") as s:
+        assert s.last_seq == 1
+        assert s.append([{"type": "turn/start", "turn": "t1"}]) == 2
+        with pytest.raises(SessionLocked):
+            store.session("s1")
+        res = store.scan("s1")
+        assert res.status == "open"
+        with pytest.raises(SessionLocked):
+            store.repair("s1")
+        assert s.append([{"type": "turn/end", "turn": "t1", "status": "completed"}], expect_seq=2) == 3
+    # released on exit
+    with store.session("s1") as s:
+        assert s.last_seq == 3
+
+
+def test_one_shot_append_waits_for_the_owner(store_url):
+    with sessionlog.open_store(store_url, lock_timeout=5.0) as store:
+        store.create("s1")
+        handle = store.session("s1")
+        done = []
+
+        def other():
+            done.append(store.append("s1", [{"type": "late"}]))
+
+        t = threading.Thread(target=other)
+        t.start()
+        handle.append([{"type": "early"}])
+        handle.close()
+        t.join(10)
+        assert done == [3]
+        assert types(store.read("s1")) == ["session/start", "early", "late"]
+
+
+def test_one_shot_append_times_out(store_url):
+    with sessionlog.open_store(store_url, lock_timeout=0.05) as store:
+        store.create("s1")
+        with store.session("s1"):
+            with pytest.raises(SessionLocked):
+                store.append("s1", [{"type": "x"}])
+
+
+def test_session_create_flag(store):
+    with store.session("new", create=True) as s:
+        s.append([{"type": "x"}])
+    assert types(store.read("new")) == ["session/start", "x"]
+
+
+def test_session_repair_flag_closes_transcript(store):
+    store.create("s1", TURN)
+    with store.session("s1", repair=True) as s:
+        assert s.last_seq == 12
+    assert store.scan("s1").status == "clean"
+
+
+def test_delete(store):
+    store.create("s1", TURN)
+    store.repair("s1")
+    store.delete("s1")
+    assert "s1" not in store.sessions()
+    with pytest.raises(SessionNotFound):
+        list(store.read("s1"))
+    store.create("s1")  # the id can be reused
+    assert len(list(store.read("s1"))) == 1
+
+
+def test_import_session_is_verbatim(store):
+    src = sessionlog.open_store("memory:")
+    src.create("s1", TURN)
+    src.append("s1", [{"type": "custom/x", "k": [1, {"z": None}]}])
+    assert store.import_session("s1", src.read("s1")) == 9
+    assert [r.raw for r in store.read("s1")] == [r.raw for r in src.read("s1")]
+    with pytest.raises(SessionExists):
+        store.import_session("s1", src.read("s1"))
+
+
+def test_import_refuses_gaps_and_foreign_headers(store):
+    src = sessionlog.open_store("memory:")
+    src.create("s1", CLOSED)
+    recs = list(src.read("s1"))
+    with pytest.raises(InvalidEvent):
+        store.import_session("s1", [recs[0], recs[2]])
+    with pytest.raises(InvalidEvent):
+        store.import_session("other", recs)
+    assert "s1" not in store.sessions() and "other" not in store.sessions()
+
+
+def test_atomic_batches_is_declared(store):
+    assert isinstance(store.atomic_batches, bool)
+
+
+def test_many_sessions_listed(store):
+    for i in range(30):
+        store.create(f"s{i:02d}")
+    assert store.sessions()[:30] == [f"s{i:02d}" for i in range(30)]
+
+
+def test_store_is_a_context_manager(store_url):
+    with sessionlog.open_store(store_url) as store:
+        store.create("s1")
+    with pytest.raises(sessionlog.SessionLogError):
+        store.create("s2")
