@@ -23,6 +23,7 @@ from .events import (
     TOOL_RESULT,
     TURN_END,
     TURN_START,
+    USER_MESSAGE,
     Record,
     StepView,
     TurnView,
@@ -221,3 +222,173 @@ def truncation_marker(
         marker["dropped_seqs"] = [dropped_seqs[0], dropped_seqs[1]]
     marker["synthetic"] = True
     return marker
+
+
+# --- pairing: every requested call with the one result a view shows --------------------
+# Projection (provider views) and delivery tracking both pair calls with results through
+# the one tracker above: a result answers a call of the open step when the tracker knows
+# the call; the first result wins; whatever a step leaves unanswered when the tracker
+# resets it gets a view-time result with the same code crash repair would write.
+
+_RESETS = frozenset({TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_MESSAGE})
+
+
+@dataclass(slots=True)
+class PairedCall:
+    """One call an ``assistant/message`` asked for, and the result a view pairs with it.
+
+    ``result`` is the first logged ``tool/result`` for the call (``result_seq`` its seq),
+    or, when the log has none, a view-time synthetic result (``result_seq`` None) built
+    by :func:`synthetic_result` — the log itself is never rewritten."""
+
+    call_id: str
+    name: str
+    arguments: Any
+    result: Mapping[str, Any] | None = None
+    result_seq: int | None = None
+
+    @property
+    def view_time(self) -> bool:
+        """True when the result is not in the log (the view made it up, with its code)."""
+        return self.result is not None and self.result_seq is None
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One ``assistant/message`` and its calls, in the assistant's order."""
+
+    seq: int
+    turn: Any
+    step: Any
+    content: Any
+    calls: list[PairedCall]
+    open: bool = True
+    """True while its step is still open at the end of the records (repair would close it)."""
+
+
+@dataclass(slots=True)
+class UserEntry:
+    """One ``user/message``."""
+
+    seq: int
+    turn: Any
+    content: Any
+
+
+@dataclass(slots=True)
+class Pairing:
+    """A session's conversation in log order, every requested call paired with exactly one
+    result. ``issues`` names what the pairing left out or made up (orphan and duplicate
+    results, duplicate call ids, view-time results), one sentence each."""
+
+    entries: list[UserEntry | Exchange]
+    issues: list[str]
+    orphan_seqs: list[int]
+    duplicate_seqs: list[int]
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        return [e for e in self.entries if isinstance(e, Exchange)]
+
+    @property
+    def latest(self) -> Exchange | None:
+        """The latest ``assistant/message``, if any."""
+        for entry in reversed(self.entries):
+            if isinstance(entry, Exchange):
+                return entry
+        return None
+
+
+def _envelope(record: Mapping[str, Any]) -> tuple[str, int, float]:
+    if isinstance(record, Record):
+        return record.type, record.seq, record.ts
+    return record["type"], record["seq"], record["ts"]
+
+
+def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
+    """Pair every call of every ``assistant/message`` in ``records`` with one result.
+
+    Pure and total: any sequence of records (committed :class:`Record` objects or dicts
+    with ``seq``, ``ts`` and ``type``) gives a pairing. A result matches the open step's
+    call with its id (the tracker's rule); a result logged after its step closed matches
+    the latest call with that id and replaces that call's view-time result. The first
+    result of a call is used; later ones are duplicates, results for no requested call are
+    orphans: both are left out and reported. A call repeated within one message is kept
+    once. Calls left without a result get a view-time :func:`synthetic_result`
+    (``TOOL_OUTCOME_UNKNOWN`` when a ``tool/call`` for it exists in its step, else
+    ``TOOL_NOT_STARTED``)."""
+    tracker = PendingCalls()
+    entries: list[UserEntry | Exchange] = []
+    issues: list[str] = []
+    orphans: list[int] = []
+    duplicates: list[int] = []
+    open_ex: Exchange | None = None
+    open_by_id: dict[str, PairedCall] = {}
+    latest_by_id: dict[str, PairedCall] = {}
+
+    def settle(closing: bool) -> None:
+        # Give the open step's unanswered calls their view-time results.
+        assert open_ex is not None
+        for call in tracker.unanswered():
+            paired = open_by_id[call.call_id]
+            paired.result = synthetic_result(
+                call, turn=open_ex.turn, step=open_ex.step, ts=tracker.last_ts
+            )
+            where = "its step was closed without it" if closing else "the log ends with its step open"
+            issues.append(
+                f"call {call.call_id!r} (assistant message seq {open_ex.seq}) has no result: "
+                f"{where}; the view shows a {paired.result['code']} result (the log is not rewritten)"
+            )
+        open_ex.open = not closing
+
+    for record in records:
+        type_, seq, _ = _envelope(record)
+        if open_ex is not None and type_ in _RESETS:
+            settle(closing=True)
+            open_ex, open_by_id = None, {}
+        if type_ == TOOL_RESULT:
+            call_id = view(record, StepView).call_id
+            pending = tracker._by_id.get(call_id) if isinstance(call_id, str) else None
+            if pending is not None:
+                if pending.answered:
+                    duplicates.append(seq)
+                    first = open_by_id[call_id].result_seq
+                    issues.append(f"duplicate result seq {seq} for call {call_id!r} (first at seq {first}) left out")
+                else:
+                    paired = open_by_id[call_id]
+                    paired.result, paired.result_seq = record, seq
+            else:
+                paired = latest_by_id.get(call_id) if isinstance(call_id, str) else None
+                if paired is None:
+                    orphans.append(seq)
+                    issues.append(f"orphan result seq {seq} (call_id {call_id!r}): no assistant message "
+                                  "before it asked for that call; left out")
+                elif paired.view_time:
+                    issues.append(f"late result seq {seq} for call {call_id!r}, logged after its step closed, "
+                                  "used instead of the view-time result")
+                    paired.result, paired.result_seq = record, seq
+                else:
+                    duplicates.append(seq)
+                    issues.append(f"duplicate result seq {seq} for call {call_id!r} "
+                                  f"(first at seq {paired.result_seq}) left out")
+        tracker.feed(record)
+        if type_ == USER_MESSAGE:
+            entries.append(UserEntry(seq, record.get("turn"), record.get("content")))
+        elif type_ == ASSISTANT_MESSAGE:
+            v = view(record, StepView)
+            calls: list[PairedCall] = []
+            for req in requested_calls(v.tool_calls):
+                if req.id in open_by_id:
+                    issues.append(f"assistant message seq {seq} asks for call id {req.id!r} twice; "
+                                  "the repeat is left out")
+                    continue
+                paired = PairedCall(req.id, req.name, req.arguments)
+                open_by_id[req.id] = paired
+                latest_by_id[req.id] = paired
+                calls.append(paired)
+            turn = v.turn if v.turn is not None else tracker.open_turn
+            open_ex = Exchange(seq, turn, v.step, record.get("content"), calls)
+            entries.append(open_ex)
+    if open_ex is not None:
+        settle(closing=False)
+    return Pairing(entries, issues, orphans, duplicates)

@@ -1,0 +1,401 @@
+"""Provider views of a session: the input of the next model request, always paired.
+
+Pure functions over records, no I/O. :func:`project` builds the request input for
+
+- ``openai`` — OpenAI Chat Completions ``messages``: an assistant message carries
+  ``tool_calls`` (``arguments`` as a JSON string), followed right away by one ``tool``
+  message per call;
+- ``responses`` — OpenAI Responses ``input`` items: ``message``, ``function_call``,
+  ``function_call_output``;
+- ``anthropic`` — Anthropic Messages ``messages``: ``tool_use`` blocks in the assistant
+  message, then one ``user`` message whose content starts with every ``tool_result``
+  block (``is_error`` kept);
+
+from the one call/result pairing in :func:`sessionlog.transcript.pair_calls`: results
+follow their calls in the assistant's call order, a call without a logged result gets a
+view-time result carrying its recovery code, orphan and duplicate results are left out,
+and all three are reported in :attr:`Projection.issues`. :func:`check_pairing` names the
+first pairing violation in a list of items of any of the three formats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .transcript import Exchange, PairedCall, UserEntry, pair_calls
+
+FORMATS: Final = ("openai", "responses", "anthropic")
+"""The provider formats :func:`project` and :func:`check_pairing` know."""
+
+
+class UnknownFormat(ValueError):
+    """A format name outside :data:`FORMATS`."""
+
+
+@dataclass(slots=True)
+class Projection:
+    """A provider view of a session.
+
+    ``items`` are JSON-able dicts: chat messages (``openai``), input items
+    (``responses``) or Anthropic messages (``anthropic``). ``issues`` lists, one sentence
+    each, what the view left out (orphan and duplicate results, repeated call ids) or
+    made up (view-time results). ``call_ids`` are the requested calls in view order."""
+
+    format: str
+    items: list[dict[str, Any]]
+    issues: list[str] = field(default_factory=list)
+    call_ids: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The request fragment: ``{"messages": [...]}`` for ``openai`` and ``anthropic``,
+        ``{"input": [...]}`` for ``responses``."""
+        key = "input" if self.format == "responses" else "messages"
+        return {key: self.items}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """The first place a request would be rejected for its tool pairing: ``call_id`` (None
+    when the violation is not about one call), ``index`` of the offending item, and a
+    sentence naming both."""
+
+    call_id: str | None
+    index: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise UnknownFormat(f"unknown view format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+# --- rendering pieces ------------------------------------------------------------------
+
+
+def arguments_json(arguments: Any) -> str:
+    """A call's arguments as the JSON string OpenAI formats carry (a string is kept)."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps({} if arguments is None else arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def arguments_object(arguments: Any) -> dict[str, Any]:
+    """A call's arguments as the JSON object Anthropic's ``tool_use.input`` requires."""
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except ValueError:
+            return {"arguments": arguments}
+        if isinstance(decoded, dict):
+            return decoded
+        return {"arguments": decoded}
+    if arguments is None:
+        return {}
+    return {"arguments": arguments}
+
+
+def result_text(result: Mapping[str, Any]) -> str:
+    """A result's output as text. A result with a recovery ``code`` keeps the code in the
+    text (the model reads only the text)."""
+    output = result.get("output")
+    text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+    code = result.get("code")
+    if isinstance(code, str) and code and code not in text:
+        text = f"{code}: {text}"
+    return text
+
+
+def result_is_error(result: Mapping[str, Any]) -> bool:
+    return result.get("is_error") is True
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [dict(b) if isinstance(b, Mapping) else {"type": "text", "text": str(b)} for b in content]
+    return [{"type": "text", "text": json.dumps(content, ensure_ascii=False)}]
+
+
+def _empty(content: Any) -> bool:
+    return content is None or content == "" or content == []
+
+
+def tool_message(call: PairedCall) -> dict[str, Any]:
+    """The Chat Completions ``tool`` message for a paired call."""
+    assert call.result is not None
+    return {"role": "tool", "tool_call_id": call.call_id, "content": result_text(call.result)}
+
+
+def function_call_output(call: PairedCall) -> dict[str, Any]:
+    """The Responses ``function_call_output`` item for a paired call."""
+    assert call.result is not None
+    return {"type": "function_call_output", "call_id": call.call_id, "output": result_text(call.result)}
+
+
+def tool_result_block(call: PairedCall) -> dict[str, Any]:
+    """The Anthropic ``tool_result`` block for a paired call (``is_error`` kept)."""
+    assert call.result is not None
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": call.call_id,
+        "content": result_text(call.result),
+    }
+    if result_is_error(call.result):
+        block["is_error"] = True
+    return block
+
+
+def _openai(entries: list[UserEntry | Exchange]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for entry in entries:
+        if isinstance(entry, UserEntry):
+            items.append({"role": "user", "content": entry.content if entry.content is not None else ""})
+            continue
+        if not entry.calls:
+            if not _empty(entry.content):
+                items.append({"role": "assistant", "content": entry.content})
+            continue
+        items.append({
+            "role": "assistant",
+            "content": None if _empty(entry.content) else entry.content,
+            "tool_calls": [
+                {"id": c.call_id, "type": "function",
+                 "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
+                for c in entry.calls
+            ],
+        })
+        items.extend(tool_message(c) for c in entry.calls)
+    return items
+
+
+def _responses(entries: list[UserEntry | Exchange]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for entry in entries:
+        if isinstance(entry, UserEntry):
+            items.append({"type": "message", "role": "user",
+                          "content": entry.content if entry.content is not None else ""})
+            continue
+        if not _empty(entry.content):
+            items.append({"type": "message", "role": "assistant", "content": entry.content})
+        items.extend(
+            {"type": "function_call", "call_id": c.call_id, "name": c.name,
+             "arguments": arguments_json(c.arguments)}
+            for c in entry.calls
+        )
+        items.extend(function_call_output(c) for c in entry.calls)
+    return items
+
+
+def _anthropic(entries: list[UserEntry | Exchange]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        # Consecutive messages of one role become one message: the user text that follows
+        # a tool round goes after its tool_result blocks, which stay first.
+        if not blocks:
+            return
+        if items and items[-1]["role"] == role:
+            items[-1]["content"].extend(blocks)
+        else:
+            items.append({"role": role, "content": blocks})
+
+    for entry in entries:
+        if isinstance(entry, UserEntry):
+            add("user", _text_blocks(entry.content))
+            continue
+        blocks = _text_blocks(entry.content)
+        blocks.extend(
+            {"type": "tool_use", "id": c.call_id, "name": c.name, "input": arguments_object(c.arguments)}
+            for c in entry.calls
+        )
+        if entry.calls:
+            # A new message, never merged into an earlier assistant message's end: the
+            # tool_result blocks must open the very next user message.
+            if items and items[-1]["role"] == "assistant":
+                items[-1]["content"].extend(blocks)
+            else:
+                items.append({"role": "assistant", "content": blocks})
+            items.append({"role": "user", "content": [tool_result_block(c) for c in entry.calls]})
+        else:
+            add("assistant", blocks)
+    return items
+
+
+_RENDER = {"openai": _openai, "responses": _responses, "anthropic": _anthropic}
+
+
+def project(records: Iterable[Mapping[str, Any]], fmt: str) -> Projection:
+    """The ``fmt`` view (one of :data:`FORMATS`) of a session's records, paired.
+
+    Guarantee: the items pass :func:`check_pairing` for ``fmt``; every call an
+    ``assistant/message`` asked for appears exactly once, with exactly one result, placed
+    where the provider requires it, in the assistant's call order. Nothing is written.
+    Raises :class:`UnknownFormat` for an unknown ``fmt``."""
+    _check_format(fmt)
+    pairing = pair_calls(records)
+    items = _RENDER[fmt](pairing.entries)
+    call_ids = [c.call_id for ex in pairing.exchanges for c in ex.calls]
+    return Projection(fmt, items, list(pairing.issues), call_ids)
+
+
+# --- pairing checkers ------------------------------------------------------------------
+
+
+def check_pairing(
+    items: list[Mapping[str, Any]], fmt: str, *, server_calls: Collection[str] = ()
+) -> Violation | None:
+    """The first tool-pairing violation in ``items`` (``fmt`` one of :data:`FORMATS`), or
+    None when every call has exactly one result where the provider requires it.
+
+    - ``openai``: an assistant message's ``tool_calls`` (unique ids, ``arguments`` a JSON
+      string) are followed right away by one ``tool`` message per call; a ``tool`` message
+      anywhere else is a violation.
+    - ``responses``: every ``function_call_output`` answers an earlier, still unanswered
+      ``function_call`` with its ``call_id``; every ``function_call`` is answered once.
+      ``server_calls`` are call ids a server-side conversation already holds (a request
+      continuing ``previous_response_id`` or a ``conversation`` sends only their outputs).
+    - ``anthropic``: an assistant message's ``tool_use`` ids are unique and the next
+      message is a ``user`` message whose content starts with one ``tool_result`` per
+      ``tool_use`` and holds no other; a ``tool_result`` anywhere else is a violation.
+
+    Raises :class:`UnknownFormat` for an unknown ``fmt``."""
+    _check_format(fmt)
+    if fmt == "openai":
+        return _check_openai(items)
+    if fmt == "responses":
+        return _check_responses(items, server_calls)
+    return _check_anthropic(items)
+
+
+def _check_openai(items: list[Mapping[str, Any]]) -> Violation | None:
+    expected: list[str] = []  # call ids of the last assistant message still owed a tool message
+    owner = -1
+    for i, item in enumerate(items):
+        role = item.get("role") if isinstance(item, Mapping) else None
+        if role == "tool":
+            call_id = item.get("tool_call_id")
+            if call_id not in expected:
+                why = "duplicate or unrequested" if owner >= 0 else "no assistant message right before asked for it"
+                return Violation(call_id, i, f"message {i}: tool message for call {call_id!r} is {why}"
+                                 + (f" (assistant message {owner})" if owner >= 0 else ""))
+            expected.remove(call_id)
+            if not isinstance(item.get("content"), (str, list)):
+                return Violation(call_id, i, f"message {i}: tool message for call {call_id!r} has no content")
+            continue
+        if expected:
+            return Violation(expected[0], i, f"message {i}: call {expected[0]!r} of assistant message {owner} "
+                             "has no tool message before it")
+        owner = -1
+        if role == "assistant" and item.get("tool_calls"):
+            calls = item["tool_calls"]
+            seen: set[str] = set()
+            for call in calls:
+                call_id = call.get("id") if isinstance(call, Mapping) else None
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if not isinstance(call_id, str) or not call_id:
+                    return Violation(None, i, f"message {i}: a tool call without an id")
+                if call_id in seen:
+                    return Violation(call_id, i, f"message {i}: call id {call_id!r} repeated")
+                if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+                    return Violation(call_id, i, f"message {i}: call {call_id!r} arguments are not a JSON string")
+                seen.add(call_id)
+                expected.append(call_id)
+            owner = i
+    if expected:
+        return Violation(expected[0], len(items), f"end of messages: call {expected[0]!r} of assistant message "
+                         f"{owner} has no tool message")
+    return None
+
+
+def _check_responses(items: list[Mapping[str, Any]], server_calls: Collection[str]) -> Violation | None:
+    open_calls: dict[str, int] = {}  # call id -> index of its unanswered function_call
+    answered: set[str] = set()
+    for i, item in enumerate(items):
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        if kind == "function_call":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                return Violation(None, i, f"item {i}: function_call without a call_id")
+            if call_id in open_calls or call_id in answered or call_id in server_calls:
+                return Violation(call_id, i, f"item {i}: function_call {call_id!r} repeated")
+            if not isinstance(item.get("arguments"), str):
+                return Violation(call_id, i, f"item {i}: function_call {call_id!r} arguments are not a JSON string")
+            open_calls[call_id] = i
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if call_id in open_calls:
+                del open_calls[call_id]
+                answered.add(call_id)
+            elif call_id in server_calls and call_id not in answered:
+                answered.add(call_id)
+            else:
+                why = "a second output" if call_id in answered else "no function_call before it"
+                return Violation(call_id, i, f"item {i}: function_call_output for {call_id!r} has {why}")
+    if open_calls:
+        call_id, index = next(iter(open_calls.items()))
+        return Violation(call_id, index, f"item {index}: function_call {call_id!r} has no function_call_output")
+    return None
+
+
+def _blocks(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
+
+
+def _check_anthropic(items: list[Mapping[str, Any]]) -> Violation | None:
+    for i, message in enumerate(items):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        blocks = _blocks(message) if isinstance(message, Mapping) else []
+        if role == "assistant":
+            uses = [b.get("id") for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+            if not uses:
+                continue
+            if len(set(uses)) != len(uses):
+                dup = next(u for u in uses if uses.count(u) > 1)
+                return Violation(dup, i, f"message {i}: tool_use id {dup!r} repeated")
+            nxt = items[i + 1] if i + 1 < len(items) else None
+            if nxt is None or nxt.get("role") != "user":
+                return Violation(uses[0], i, f"message {i}: tool_use {uses[0]!r} is not followed by a user "
+                                 "message with its tool_result")
+            following = _blocks(nxt)
+            lead = []
+            for b in following:
+                if not (isinstance(b, Mapping) and b.get("type") == "tool_result"):
+                    break
+                lead.append(b.get("tool_use_id"))
+            rest = [b.get("tool_use_id") for b in following[len(lead):]
+                    if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+            if rest:
+                return Violation(rest[0], i + 1, f"message {i + 1}: tool_result for {rest[0]!r} does not come "
+                                 "before the other content")
+            for use in uses:
+                if use not in lead:
+                    return Violation(use, i + 1, f"message {i + 1}: no tool_result for tool_use {use!r} of "
+                                     f"message {i}")
+            for res in lead:
+                if lead.count(res) > 1:
+                    return Violation(res, i + 1, f"message {i + 1}: tool_result for {res!r} repeated")
+                if res not in uses:
+                    return Violation(res, i + 1, f"message {i + 1}: tool_result for {res!r}, which message {i} "
+                                     "did not ask for")
+        elif role == "user":
+            prev = items[i - 1] if i > 0 else None
+            asked = {b.get("id") for b in (_blocks(prev) if isinstance(prev, Mapping) and prev.get("role") == "assistant"
+                                            else []) if isinstance(b, Mapping) and b.get("type") == "tool_use"}
+            for b in blocks:
+                if isinstance(b, Mapping) and b.get("type") == "tool_result" and b.get("tool_use_id") not in asked:
+                    rid = b.get("tool_use_id")
+                    return Violation(rid, i, f"message {i}: tool_result for {rid!r} answers no tool_use "
+                                     "in the message before it")
+    return None
