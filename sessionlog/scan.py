@@ -110,6 +110,9 @@ class LineScan:
                 if not chunk:
                     if i < len(buf):
                         self._fail(base + i, buf[i:], None, "last record ends without a newline")
+                    elif header_needed:
+                        raise CorruptLog(f"{self.where}: not a session log: the file is empty",
+                                         path=self.where, offset=0)
                     return
                 buf = buf[i:] + chunk
                 base += i
