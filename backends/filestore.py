@@ -563,11 +563,17 @@ class FileStore:
             )
             return report
         events: list[dict[str, Any]] = []
-        for name in scan.unmarked_quarantines:
-            events.append(self._marker_for_orphan(name, scan.last_ts))
         quarantine = None
+        for name in scan.unmarked_quarantines:
+            marker = self._marker_for_orphan(scan.session, name, scan.last_ts)
+            if damage is not None and (marker["offset"], marker["dropped_bytes"]) == (damage.offset, damage.length):
+                quarantine = name  # an earlier repair published this tail, then stopped before its cut
+            else:
+                events.append(marker)
         if damage is not None:
-            quarantine = quarantine_name(self.file_name(scan.session), damage.offset, str(damage.kind))
+            if quarantine is None:
+                quarantine = quarantine_name(self.file_name(scan.session), damage.offset, str(damage.kind))
+                report.publish_quarantine = True
             events.append(
                 truncation_marker(
                     offset=damage.offset, dropped_bytes=damage.length, reason=str(damage.kind),
@@ -585,10 +591,10 @@ class FileStore:
         report.appended = [Record.from_line(line) for line in lines]
         return report
 
-    def _marker_for_orphan(self, name: str, ts: float) -> dict[str, Any]:
+    def _marker_for_orphan(self, session_id: str, name: str, ts: float) -> dict[str, Any]:
         """The marker that a repair interrupted between truncate and append did not write.
         Quarantine names carry the cut's offset and kind: ``<log>.<offset>.<kind>.<stamp>.quarantine``."""
-        middle = name[len(self.file_name("")) :].removesuffix(".quarantine")
+        middle = name[len(self.file_name(session_id)) + 1 :].removesuffix(".quarantine")
         offset_text, _, rest = middle.partition(".")
         reason = rest.partition(".")[0] or "unknown"
         try:
@@ -614,12 +620,13 @@ class FileStore:
             end = scan.stable_offset
             if damage is not None:
                 assert report.quarantine is not None
-                # 1. The tail is published under its quarantine name: after this it survives
-                #    power loss on its own, before a byte of the log is cut.
-                publish_new(
-                    fs, self.directory, os.path.basename(report.quarantine),
-                    _chunks(fs, fd, damage.offset, damage.offset + damage.length),
-                )
+                if report.publish_quarantine:
+                        # 1. The tail is published under its quarantine name: after this it
+                    #    survives power loss on its own, before a byte of the log is cut.
+                    publish_new(
+                        fs, self.directory, os.path.basename(report.quarantine),
+                        _chunks(fs, fd, damage.offset, damage.offset + damage.length),
+                    )
                 # 2. The log is cut back to its stable prefix (durable on return).
                 durable_truncate(fs, fd, damage.offset)
             # 3. Marker, synthetic results and closers in one durable batch.

@@ -216,6 +216,7 @@ class RepairReport:
     quarantine: str | None = None
     appended: list[Mapping[str, Any]] = field(default_factory=list)
     damage: Damage | None = None
+    publish_quarantine: bool = field(default=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
