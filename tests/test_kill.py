@@ -1,0 +1,121 @@
+"""Real child processes: SIGKILL mid-append, and several processes appending to one session."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import sessionlog
+from sessions import answered_exactly_once
+
+pytestmark = pytest.mark.kill
+
+WRITER = textwrap.dedent(
+    """
+    import sys, sessionlog
+    store = sessionlog.open_store(sys.argv[1])
+    with store.session("s", create=True) as s:
+        n = 0
+        while True:
+            n += 1
+            t = f"t{n}"
+            calls = [{"id": f"{t}-c{i}", "name": "tool", "arguments": {"i": i}} for i in range(3)]
+            s.append([{"type": "turn/start", "turn": t}, {"type": "step/start", "turn": t, "step": 1},
+                      {"type": "assistant/message", "turn": t, "step": 1, "content": None, "tool_calls": calls}])
+            for c in calls:
+                seq = s.append([{"type": "tool/call", "turn": t, "step": 1, "call_id": c["id"], "name": "tool"}])
+                print(seq, flush=True)
+                last = s.append([{"type": "tool/result", "turn": t, "step": 1, "call_id": c["id"],
+                                  "output": "x" * (n * 37 % 3000), "is_error": False}])
+                print(last, flush=True)
+            print(s.append([{"type": "step/end", "turn": t, "step": 1, "status": "completed"},
+                            {"type": "turn/end", "turn": t, "status": "completed"}]), flush=True)
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.parametrize("round_", range(int(os.environ.get("SESSIONLOG_KILL_ROUNDS", "4"))))
+def test_sigkill_mid_tool_call_keeps_every_acknowledged_append(tmp_path, round_):
+    url = f"jsonl:{tmp_path / 'st'}"
+    child = subprocess.Popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE, env=_env(), text=True)
+    acked = []
+    deadline = time.monotonic() + random.uniform(0.2, 1.0)
+    assert child.stdout is not None
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        acked.append(int(line))
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert acked, "the writer acknowledged nothing"
+    store = sessionlog.open_store(url)
+    res = store.scan("s")
+    assert res.status in ("clean", "repairable")  # the lock died with the process
+    assert res.last_seq >= max(acked)  # every acknowledged append is there
+    rep = store.repair("s")
+    assert rep.status in ("repaired", "clean")
+    records = list(store.read("s"))
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert answered_exactly_once(records) == []
+    assert store.scan("s").status == "clean"
+
+
+APPENDER = textwrap.dedent(
+    """
+    import sys, sessionlog
+    from sessionlog import SequenceConflict
+    store = sessionlog.open_store(sys.argv[1], lock_timeout=30)
+    me, n, mode = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    for i in range(n):
+        batch = [{"type": "w", "who": me, "i": i, "part": p} for p in range(3)]
+        if mode == "cas":
+            while True:
+                last = store.scan("s").last_seq
+                try:
+                    seq = store.append("s", batch, expect_seq=last)
+                    break
+                except SequenceConflict:
+                    print("conflict", flush=True)
+        else:
+            seq = store.append("s", batch)
+        print(seq, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["plain", "cas"])
+def test_processes_racing_appends_serialize(tmp_path, mode):
+    url = f"jsonl:{tmp_path / 'st'}"
+    sessionlog.open_store(url).create("s")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", APPENDER, url, f"p{k}", "15", mode],
+                         stdout=subprocess.PIPE, env=_env(), text=True)
+        for k in range(4)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    acked = [int(x) for out in outs for x in out.split() if x.isdigit()]
+    assert len(acked) == 60 and len(set(acked)) == 60
+    records = list(sessionlog.open_store(url).read("s"))
+    assert [r["seq"] for r in records] == list(range(1, 182))
+    # every batch whole and contiguous
+    body = records[1:]
+    for k in range(0, len(body), 3):
+        batch = body[k:k + 3]
+        assert {(r["who"], r["i"]) for r in batch} == {(batch[0]["who"], batch[0]["i"])}
+        assert [r["part"] for r in batch] == [0, 1, 2]
