@@ -18,10 +18,15 @@ def _jsonl(tmp_path: Path) -> Iterator[str]:
     yield f"jsonl:{tmp_path / 'store'}"
 
 
+def _zstd(tmp_path: Path) -> Iterator[str]:
+    yield f"zstd:{tmp_path / 'store'}"
+
+
 # name -> generator yielding a store URL for one test (and cleaning up after it)
 BACKENDS = {
     "memory": _memory,
     "jsonl": _jsonl,
+    "zstd": _zstd,
 }
 
 

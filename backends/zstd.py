@@ -1,0 +1,422 @@
+"""Zstd backend: ``DIR/<id>.jsonl.zst``, a concatenation of standard zstd frames.
+
+One frame per append batch, each with its content size and content checksum, each
+frame's content one or more whole JSONL records, byte-identical to what the JSONL backend
+writes for the same batch: ``zstd -dc DIR/<id>.jsonl.zst`` prints the session's JSONL log.
+
+**A batch is atomic here** (``atomic_batches = True``): a frame is verified whole by its
+checksum before any of its records is read, so after a crash an unacknowledged batch is
+either entirely in the log or entirely absent — never a prefix of its records, as it may be
+on JSONL. Repair keeps or quarantines a frame whole, for the same reason.
+
+Everything but the framing (lock, publish, append with rollback, repair, import) is the
+shared :class:`~sessionlog.backends.filestore.FileStore`. Reading needs no configuration;
+the compression ``level`` only affects writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import zstandard
+
+from sessionlog.contract import (
+    CorruptLog,
+    DamageKind,
+    InvalidEvent,
+    IOFailure,
+    SessionLocked,
+    SessionLogError,
+    SessionNotFound,
+)
+from sessionlog.durable import O_NOFOLLOW, OS, FileLock, FileSystem, fsync_dir, temp_name, write_all
+from sessionlog.events import Record
+from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
+
+from .filestore import FileStore, _fd_reader
+from .zstd_frames import Broken, FrameLimits, FrameScan, Shape, ZSTD_MAGIC, decompress_frame, frame_records, walk_frame
+
+DEFAULT_LEVEL = 3
+"""Per-append frames are small; level 3 is zstd's default speed/ratio balance."""
+COMPACT_LEVEL = 9
+"""``compact`` runs offline on large frames, where a higher level pays off."""
+TAIL_WINDOW = 1 << 16
+
+
+class _Compressors(threading.local):
+    def __init__(self) -> None:
+        self.by_level: dict[int, zstandard.ZstdCompressor] = {}
+
+
+_CCTX = _Compressors()
+
+
+def compress_frame(content: bytes, level: int) -> bytes:
+    """One standard zstd frame holding ``content``, with content size and checksum."""
+    cctx = _CCTX.by_level.get(level)
+    if cctx is None:
+        cctx = _CCTX.by_level[level] = zstandard.ZstdCompressor(
+            level=level, write_checksum=True, write_content_size=True
+        )
+    return cctx.compress(content)
+
+
+class ZstdFraming:
+    """Records as zstd frames, one per batch (see the module docstring)."""
+
+    suffix = ".jsonl.zst"
+    atomic_batches = True
+
+    def __init__(self, level: int = DEFAULT_LEVEL, limits: Limits = DEFAULT_LIMITS) -> None:
+        if not isinstance(level, int) or not -(1 << 17) <= level <= 22:
+            raise ValueError(f"zstd level {level!r} is not an integer in -131072..22")
+        self.level = level
+        self.limits = limits
+        self.frame_limits = FrameLimits.from_limits(limits)
+
+    def encode(self, lines: Sequence[bytes]) -> bytes:
+        """One frame whose content is ``lines`` as JSONL. Raises InvalidEvent when the
+        content exceeds the frame limit (what a reader would refuse)."""
+        content = b"\n".join(lines) + b"\n"
+        if len(content) > self.frame_limits.content:
+            raise InvalidEvent(
+                f"batch of {len(content)} bytes exceeds the batch limit of {self.frame_limits.content} bytes; split it"
+            )
+        return compress_frame(content, self.level)
+
+    def scan(
+        self, read: Callable[[int], bytes], *, session_id: str | None, where: str, limits: Limits, owned: bool
+    ) -> FrameScan:
+        return FrameScan(read, session_id=session_id, where=where, limits=limits, owned=owned)
+
+    def tail(
+        self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits
+    ) -> tuple[int, float]:
+        """Validate the header frame and the last frame (which must end exactly at
+        ``size``); return the last record's ``(seq, ts)``. Raises CorruptLog."""
+        flimits = FrameLimits.from_limits(limits)
+        src = _PreadSource(fs, fd, size)
+        pos = 0
+        first: Shape | None = None
+        while first is None:
+            shape = _whole(walk_frame(src.get, pos, flimits), where)
+            if not shape.skippable:
+                first = shape
+            pos = shape.end
+        header = _verified(src, first, None, where, limits, flimits)
+        check_header(header[0], session_id, where)
+        last = _last_frame_backward(src, size, first.end, where, limits, flimits)
+        if last is None:
+            last = _last_frame_forward(src, size, first, where, limits, flimits)
+        records = header if last is None else last
+        return records[-1].seq, records[-1].ts
+
+
+class _PreadSource:
+    """Random access to an open file of known size through a small read-ahead window."""
+
+    def __init__(self, fs: FileSystem, fd: int, size: int) -> None:
+        self._fs, self._fd, self.size = fs, fd, size
+        self._base = 0
+        self._buf = b""
+
+    def get(self, pos: int, n: int) -> bytes:
+        n = max(0, min(n, self.size - pos))
+        if not n:
+            return b""
+        i = pos - self._base
+        if i < 0 or i + n > len(self._buf):
+            self._buf = self._fs.pread(self._fd, max(n, TAIL_WINDOW), pos)
+            self._base, i = pos, 0
+        return self._buf[i : i + n]
+
+
+def _whole(shape: Shape | Broken, where: str) -> Shape:
+    if isinstance(shape, Broken):
+        kind = DamageKind.TORN if shape.torn else DamageKind.CORRUPT
+        raise CorruptLog(
+            f"{where}: frame at offset {shape.start}: {shape.reason}; repair the session before appending",
+            path=where, offset=shape.start, kind=None if shape.over_limit else str(kind),
+        )
+    return shape
+
+
+def _verified(src: _PreadSource, shape: Shape, expected_seq: int | None, where: str, limits: Limits,
+              flimits: FrameLimits) -> list[Record]:
+    content = decompress_frame(src.get(shape.start, shape.end - shape.start), shape, flimits)
+    reason = content if isinstance(content, str) else None
+    records: list[Record] = []
+    if not isinstance(content, str):
+        records, _, reason = frame_records(content, expected_seq=expected_seq, where=where, offset=shape.start,
+                                           limits=limits)
+    if reason is not None:
+        raise CorruptLog(
+            f"{where}: frame at offset {shape.start}: {reason}; repair the session before appending",
+            path=where, offset=shape.start, kind=str(DamageKind.CORRUPT),
+        )
+    return records
+
+
+def _last_frame_backward(src: _PreadSource, size: int, floor: int, where: str, limits: Limits,
+                         flimits: FrameLimits) -> list[Record] | None:
+    """The records of the data frame ending exactly at ``size``, found by trying frame
+    magics from the end (the common case: no full walk). None when not found this way."""
+    if size <= floor:
+        return None
+    for span in (TAIL_WINDOW, flimits.frame):
+        start = max(floor, size - span)
+        data = src.get(start, size - start)
+        i = len(data)
+        while (i := data.rfind(ZSTD_MAGIC, 0, i)) >= 0:
+            shape = walk_frame(src.get, start + i, flimits)
+            if isinstance(shape, Shape) and not shape.skippable and shape.end == size:
+                content = decompress_frame(src.get(shape.start, size - shape.start), shape, flimits)
+                if not isinstance(content, str):
+                    records, _, reason = frame_records(content, expected_seq=None, where=where,
+                                                       offset=shape.start, limits=limits)
+                    if reason is None:
+                        return records
+        if start == floor:
+            break
+    return None
+
+
+def _last_frame_forward(src: _PreadSource, size: int, first: Shape, where: str, limits: Limits,
+                        flimits: FrameLimits) -> list[Record] | None:
+    """Walk every frame header from the header frame to EOF: each must be whole; the last
+    data frame must verify. None when the header frame is the only data frame."""
+    pos, last = first.end, None
+    while pos < size:
+        shape = _whole(walk_frame(src.get, pos, flimits), where)
+        if not shape.skippable:
+            last = shape
+        pos = shape.end
+    return None if last is None else _verified(src, last, None, where, limits, flimits)
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FrameStats:
+    """What a session file holds, frame by frame (from a full scan)."""
+
+    frames: int
+    skipped_frames: int
+    records: int
+    file_bytes: int
+    content_bytes: int
+
+
+@dataclass(slots=True)
+class CompactReport:
+    """What ``compact`` did to one session.
+
+    ``status``: "compacted" (rewritten and renamed into place), "unchanged" (already in
+    frames as large as compaction makes), "refused" (damaged: repair first; ``damage``
+    says how), or "locked" (a writer owns the session)."""
+
+    session: str
+    path: str
+    status: str
+    reason: str | None = None
+    frames_before: int = 0
+    frames_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    content_bytes: int = 0
+    records: int = 0
+    dropped_skippable_frames: int = 0
+    damage: object | None = field(default=None, repr=False)
+
+
+class ZstdStore(FileStore):
+    """The Zstd event store: :class:`FileStore` over :class:`ZstdFraming`, plus
+    :meth:`compact` and :meth:`frame_stats`."""
+
+    framing: ZstdFraming
+
+    def frame_stats(self, session_id: str) -> FrameStats:
+        """Count the session's frames (and skippable frames, which readers skip).
+        Never writes. Raises SessionNotFound, CorruptLog, IOFailure."""
+        self._check_id(session_id)
+        path = self.path_of(session_id)
+        fd = self._open_read(session_id)
+        try:
+            scanner = self.framing.scan(_fd_reader(self.fs, fd), session_id=session_id, where=path,
+                                        limits=self.limits, owned=True)
+            content = sum(len(r.raw) + 1 for r in scanner)
+            size = self.fs.fstat(fd).st_size
+        except OSError as exc:
+            raise IOFailure(f"{path}: read failed: {exc.strerror or exc}") from exc
+        finally:
+            self.fs.close(fd)
+        return FrameStats(scanner.frames, scanner.skipped_frames, scanner.count, size, content)
+
+    def compact(
+        self,
+        session_id: str,
+        *,
+        frame_bytes: int | None = None,
+        level: int = COMPACT_LEVEL,
+        progress: Callable[[int], None] | None = None,
+    ) -> CompactReport:
+        """Rewrite the session into frames of up to ``frame_bytes`` of records (default:
+        the batch limit, 1 MiB), so one bad frame never takes more history with it.
+
+        Under the writer lock (status "locked" when a writer owns it): the records are
+        streamed into a new temp file, which is fsynced and scanned back — its records
+        must be byte-identical to the old log's — then renamed over the log and the
+        directory fsynced. A writer in another process notices the new inode on its next
+        append. A damaged log is never compacted (status "refused"); skippable frames are
+        not carried over (``dropped_skippable_frames``). Raises SessionNotFound,
+        CorruptLog / UnsupportedFormat (not a session log), IOFailure."""
+        self._check_id(session_id)
+        frame_bytes = min(frame_bytes or self.limits.batch_limit, self.framing.frame_limits.content)
+        path = self.path_of(session_id)
+        report = CompactReport(session_id, path, "unchanged")
+        lock = FileLock(self.fs, self.lock_path_of(session_id))
+        try:
+            lock.acquire(0.0)
+        except SessionLocked as exc:
+            report.status, report.reason = "locked", str(exc)
+            return report
+        except OSError as exc:
+            raise IOFailure(f"{lock.path}: taking the lock failed: {exc.strerror or exc}") from exc
+        try:
+            return self._compact_locked(session_id, report, frame_bytes, level, progress)
+        finally:
+            lock.release()
+
+    def _compact_locked(self, session_id: str, report: CompactReport, frame_bytes: int, level: int,
+                        progress: Callable[[int], None] | None) -> CompactReport:
+        fs, path = self.fs, report.path
+        fd = self._open_read(session_id)
+        tmp = os.path.join(self.directory, temp_name(self.file_name(session_id)))
+        tmp_fd: int | None = None
+        renamed = False
+        try:
+            st = fs.fstat(fd)
+            report.bytes_before = st.st_size
+            tmp_fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW)
+            scanner = self.framing.scan(_fd_reader(fs, fd), session_id=session_id, where=path,
+                                        limits=self.limits, owned=False)
+            digest = hashlib.sha256()
+            written = 0
+            for content in _regroup(scanner, frame_bytes, digest, progress):
+                data = compress_frame(content, level)
+                write_all(fs, tmp_fd, data)
+                written += len(data)
+                report.frames_after += 1
+                report.content_bytes += len(content)
+            report.frames_before = scanner.frames
+            report.records = scanner.count
+            report.dropped_skippable_frames = scanner.skipped_frames
+            if scanner.damage is not None:
+                report.status, report.damage = "refused", scanner.damage
+                report.reason = (f"{scanner.damage.kind} at offset {scanner.damage.offset} "
+                                 f"({scanner.damage.reason}): repair the session before compacting")
+                return report
+            if report.frames_after >= report.frames_before and not scanner.skipped_frames:
+                report.frames_after, report.bytes_after = report.frames_before, report.bytes_before
+                return report
+            fs.fsync(tmp_fd)  # the compacted log is durable under its temp name
+            fs.close(tmp_fd)
+            tmp_fd = None
+            self._verify_copy(tmp, session_id, scanner, digest.digest())
+            now = fs.stat(path)
+            if (now.st_ino, now.st_size) != (st.st_ino, st.st_size):
+                raise IOFailure(f"{path}: the log changed during compaction (a writer ignoring the lock?); "
+                                "left unchanged")
+            fs.rename(tmp, path)
+            renamed = True
+            fsync_dir(fs, self.directory)  # the new log replaces the old one across power loss
+            report.status, report.bytes_after = "compacted", written
+            return report
+        except OSError as exc:
+            raise IOFailure(f"{path}: compact failed: {exc.strerror or exc}") from exc
+        finally:
+            fs.close(fd)
+            if tmp_fd is not None:
+                fs.close(tmp_fd)
+            if not renamed:
+                try:
+                    fs.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+
+    def _verify_copy(self, tmp: str, session_id: str, before: FrameScan, digest: bytes) -> None:
+        """Scan the new file: same records, byte for byte, and nothing else."""
+        fd = self.fs.open(tmp, os.O_RDONLY | O_NOFOLLOW)
+        try:
+            after = self.framing.scan(_fd_reader(self.fs, fd), session_id=session_id, where=tmp,
+                                      limits=self.limits, owned=False)
+            check = hashlib.sha256()
+            for record in after:
+                check.update(record.raw)
+                check.update(b"\n")
+            size = self.fs.fstat(fd).st_size
+        finally:
+            self.fs.close(fd)
+        same = (after.damage is None and after.stable_offset == size and after.count == before.count
+                and after.last_seq == before.last_seq and after.last_ts == before.last_ts
+                and check.digest() == digest)
+        if not same:  # pragma: no cover - would be a bug in the encoder or the scanner
+            raise SessionLogError(f"{tmp}: the compacted copy does not scan to the same records; "
+                                  "the log was left unchanged")
+
+
+def _regroup(records: Iterator[Record] | FrameScan, frame_bytes: int, digest: hashlib._Hash,
+             progress: Callable[[int], None] | None) -> Iterator[bytes]:
+    """Frame contents of up to ``frame_bytes`` (a larger record alone in its frame)."""
+    lines: list[bytes] = []
+    size = 0
+    for record in records:
+        n = len(record.raw) + 1
+        if lines and size + n > frame_bytes:
+            yield b"".join(lines)
+            if progress is not None:
+                progress(len(lines))
+            lines, size = [], 0
+        lines.append(record.raw + b"\n")
+        digest.update(record.raw)
+        digest.update(b"\n")
+        size += n
+    if lines:
+        yield b"".join(lines)
+        if progress is not None:
+            progress(len(lines))
+
+
+def open_zstd(
+    directory: str,
+    *,
+    fs: FileSystem | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    lock_timeout: float = 10.0,
+    level: int = DEFAULT_LEVEL,
+    create_dir: bool = True,
+) -> ZstdStore:
+    """The Zstd store in ``directory`` (created 0700 if missing, unless ``create_dir``
+    is False). ``level`` is the compression level of appended frames; reading accepts
+    any level. Raises ValueError for a bad level, IOFailure."""
+    return ZstdStore(directory, ZstdFraming(level, limits), scheme="zstd", fs=fs or OS, limits=limits,
+                     lock_timeout=lock_timeout, create_dir=create_dir)
+
+
+def open_url(url: str, **options: object) -> ZstdStore:
+    """``zstd:DIR``. Options: fs, limits, lock_timeout, level, create_dir."""
+    directory = url.partition(":")[2]
+    if directory.startswith("//"):
+        directory = directory[2:]
+    if not directory:
+        from sessionlog import InvalidStoreUrl
+
+        raise InvalidStoreUrl(f"{url!r}: a zstd URL names a directory: zstd:DIR")
+    if not os.path.isdir(directory) and options.get("create_dir") is False:
+        raise SessionNotFound(f"{directory}: no such store directory")
+    return open_zstd(directory, **options)  # type: ignore[arg-type]

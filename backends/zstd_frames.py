@@ -1,0 +1,461 @@
+"""The zstd frame layer of the Zstd backend: walk frames, verify them, scan a log of them.
+
+Pure: bytes come from a ``read(n)`` callable (or a ``get(offset, n)`` callable for random
+access) and nothing here touches the file system. The format is RFC 8878:
+
+* a zstd frame is ``magic 0xFD2FB528 | header (2-14 bytes) | blocks | [checksum]``; each
+  block has a 3-byte header (last-block bit, type raw/RLE/compressed/reserved, size), so a
+  frame's end is found by walking headers, without decompressing anything;
+* a skippable frame is ``magic 0x184D2A5? | u32 size | size bytes``: tolerated (skipped
+  and counted), never produced.
+
+A session log frame must carry its content checksum (the low 32 bits of XXH64 of the
+content, verified by the decompressor) and hold one or more whole JSONL records. The
+frame is the unit: it is kept or reported as damage whole, never partially.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import zstandard
+
+from sessionlog.contract import CorruptLog, Damage, DamageKind
+from sessionlog.events import Record, RecordError
+from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # 0xFD2FB528, little-endian
+SKIPPABLE_MASK = 0xFFFFFFF0
+SKIPPABLE_MAGIC = 0x184D2A50
+MAX_BLOCK = 128 * 1024  # RFC 8878 Block_Maximum_Size ceiling
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FrameLimits:
+    """Bounds a hostile file cannot push a reader past.
+
+    ``content``: the largest frame content (decompressed) accepted, ``frame``: the largest
+    frame in bytes (compressed, or a skippable frame's size), ``window``: the largest
+    window a frame may declare. Derived from :class:`Limits`: a frame holds at most one
+    batch (``batch_limit``), or one record of up to ``record_limit``."""
+
+    content: int
+    frame: int
+    window: int
+
+    @classmethod
+    def from_limits(cls, limits: Limits) -> FrameLimits:
+        content = max(limits.batch_limit, limits.record_limit + 1)
+        # zstd's worst case expansion is tiny (raw blocks: 3 bytes per 128 KiB + header).
+        frame = content + content // 128 + 1024
+        window = max(1 << 23, 1 << (content - 1).bit_length())
+        return cls(content=content, frame=frame, window=window)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A structurally whole frame at ``start``..``end`` (absolute offsets)."""
+
+    start: int
+    end: int
+    skippable: bool
+    content_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """No whole frame at ``start``: ``torn`` when EOF cut a consistent prefix short,
+    ``over_limit`` when the frame declares sizes beyond the limits, else garbage."""
+
+    start: int
+    reason: str
+    torn: bool = False
+    over_limit: bool = False
+
+
+def window_size(descriptor: int) -> int:
+    """RFC 8878 Window_Descriptor: ``2**(10+exponent) * (1 + mantissa/8)``."""
+    base = 1 << (10 + (descriptor >> 3))
+    return base + (base >> 3) * (descriptor & 7)
+
+
+def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) -> Shape | Broken:
+    """Find the end of the frame starting at ``pos`` from its headers alone.
+
+    ``get(offset, n)`` returns up to ``n`` bytes at ``offset`` (fewer only at EOF)."""
+    head = get(pos, 4)
+    if len(head) < 4:
+        if ZSTD_MAGIC.startswith(head) or _skippable_prefix(head):
+            return Broken(pos, "frame magic cut short by EOF", torn=True)
+        return Broken(pos, "not a zstd frame")
+    magic = int.from_bytes(head, "little")
+    if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC:
+        size_field = get(pos + 4, 4)
+        if len(size_field) < 4:
+            return Broken(pos, "skippable frame header cut short by EOF", torn=True)
+        size = int.from_bytes(size_field, "little")
+        if size > limits.frame:
+            return Broken(pos, f"skippable frame of {size} bytes exceeds the frame limit of {limits.frame}",
+                          over_limit=True)
+        end = pos + 8 + size
+        if len(get(end - 1, 1)) < 1 and size:
+            return Broken(pos, "skippable frame cut short by EOF", torn=True)
+        return Shape(pos, end, skippable=True)
+    if head != ZSTD_MAGIC:
+        return Broken(pos, "not a zstd frame (bad magic number)")
+    fhd_bytes = get(pos + 4, 1)
+    if not fhd_bytes:
+        return Broken(pos, "frame header cut short by EOF", torn=True)
+    fhd = fhd_bytes[0]
+    if fhd & 0x08:
+        return Broken(pos, "frame header reserved bit is set")
+    fcs_flag, single, checksum, did_flag = fhd >> 6, fhd & 0x20, fhd & 0x04, fhd & 0x03
+    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    did_len = (0, 1, 2, 4)[did_flag]
+    wd_len = 0 if single else 1
+    fields = get(pos + 5, wd_len + did_len + fcs_len)
+    if len(fields) < wd_len + did_len + fcs_len:
+        return Broken(pos, "frame header cut short by EOF", torn=True)
+    i = 0
+    window: int | None = None
+    if not single:
+        window = window_size(fields[0])
+        i = 1
+    dict_id = int.from_bytes(fields[i : i + did_len], "little")
+    i += did_len
+    content_size: int | None = None
+    if fcs_len:
+        content_size = int.from_bytes(fields[i : i + fcs_len], "little") + (256 if fcs_len == 2 else 0)
+    if window is not None and window > limits.window:
+        return Broken(pos, f"frame window of {window} bytes exceeds the window limit of {limits.window}",
+                      over_limit=True)
+    if content_size is not None and content_size > limits.content:
+        return Broken(pos, f"frame content of {content_size} bytes exceeds the frame limit of "
+                      f"{limits.content}", over_limit=True)
+    if dict_id:
+        return Broken(pos, f"frame needs dictionary {dict_id}; session logs use none")
+    if not checksum:
+        return Broken(pos, "frame has no content checksum")
+    at = pos + 5 + wd_len + did_len + fcs_len
+    regenerated = 0
+    while True:
+        bh = get(at, 3)
+        if len(bh) < 3:
+            return Broken(pos, "block header cut short by EOF", torn=True)
+        word = int.from_bytes(bh, "little")
+        last, kind, size = word & 1, (word >> 1) & 3, word >> 3
+        if kind == 3:
+            return Broken(pos, "reserved block type")
+        if size > MAX_BLOCK:
+            return Broken(pos, f"block of {size} bytes exceeds the 128 KiB block maximum")
+        payload = 1 if kind == 1 else size
+        regenerated += size if kind != 2 else 0
+        at += 3 + payload
+        if at - pos > limits.frame:
+            return Broken(pos, f"frame exceeds the frame limit of {limits.frame} bytes", over_limit=True)
+        if payload and len(get(at - 1, 1)) < 1:
+            return Broken(pos, "block cut short by EOF", torn=True)
+        if last:
+            break
+    if content_size is not None and regenerated > content_size:
+        return Broken(pos, "blocks hold more than the frame's content size")
+    at += 4
+    if len(get(at - 1, 1)) < 1:
+        return Broken(pos, "content checksum cut short by EOF", torn=True)
+    return Shape(pos, at, skippable=False, content_size=content_size)
+
+
+def _skippable_prefix(head: bytes) -> bool:
+    full = SKIPPABLE_MAGIC.to_bytes(4, "little")
+    return len(head) >= 1 and full[1 : len(head)] == head[1:] and head[0] & 0xF0 == full[0]
+
+
+class _Decompressors(threading.local):
+    def __init__(self) -> None:
+        self.by_window: dict[int, zstandard.ZstdDecompressor] = {}
+
+
+_DCTX = _Decompressors()
+
+
+def decompress_frame(frame: bytes | memoryview, shape: Shape, limits: FrameLimits) -> bytes | str:
+    """The verified content of a structurally whole frame, or a reason it is bad.
+
+    The decompressor checks the content checksum and the declared content size; output
+    is bounded by the frame limit either way."""
+    dctx = _DCTX.by_window.get(limits.window)
+    if dctx is None:
+        dctx = _DCTX.by_window[limits.window] = zstandard.ZstdDecompressor(max_window_size=limits.window)
+    try:
+        content = dctx.decompress(frame, max_output_size=limits.content)
+    except zstandard.ZstdError as exc:
+        return f"frame does not decompress ({exc})"
+    if shape.content_size is not None and len(content) != shape.content_size:
+        return f"frame content is {len(content)} bytes, its header says {shape.content_size}"
+    return content
+
+
+def _content_reader(content: bytes) -> Callable[[int], bytes]:
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        chunk = content[pos : pos + n]
+        pos += len(chunk)
+        return chunk
+
+    return read
+
+
+def frame_records(
+    content: bytes, *, expected_seq: int | None, where: str, offset: int, limits: Limits
+) -> tuple[list[Record], Damage | None, str | None]:
+    """The records of a frame's content, checked by the JSONL prefix rules.
+
+    Returns ``(records, damage, reason)``: ``damage`` is the content's first defect (a
+    ``seq-break`` when a whole record has the wrong seq), ``reason`` says why the frame is
+    not a run of whole records (empty, or a line that does not decode / is cut). A record
+    over the record limit is an error (CorruptLog), as it is in a JSONL log.
+    ``expected_seq=None`` takes the first record's seq as given (tail validation)."""
+    if not content:
+        return [], None, "frame holds no records"
+    if expected_seq is None:
+        nl = content.find(b"\n")
+        try:
+            expected_seq = Record.from_line(content[:nl] if nl >= 0 else content).seq
+        except RecordError as exc:
+            return [], None, f"record does not decode ({exc.reason})"
+    lines = LineScan(_content_reader(content), session_id=None, where=where, expected_seq=expected_seq,
+                     limits=limits)
+    try:
+        records = list(lines)
+    except CorruptLog as exc:
+        raise CorruptLog(f"{where}: in the frame at offset {offset}: {exc}", path=where, offset=offset) from None
+    damage = lines.damage
+    if damage is None:
+        return records, None, None
+    if damage.kind is DamageKind.SEQ_BREAK:
+        return records, damage, f"record {damage.reason}"
+    return records, damage, f"frame content is not whole records ({damage.reason})"
+
+
+class ByteStream:
+    """Forward-only buffered access to ``read(n)`` by absolute offset, with a bounded
+    buffer: bytes before the ``release``d offset are dropped when more is read."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._read = read
+        self.buf = b""
+        self.base = 0
+        self.keep = 0
+        self.eof = False
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.buf)
+
+    def get(self, pos: int, n: int) -> bytes:
+        while self.end < pos + n and not self.eof:
+            self._more()
+        i = pos - self.base
+        if i < 0:  # pragma: no cover - callers only move forward
+            raise ValueError("ByteStream is forward-only")
+        return self.buf[i : i + n]
+
+    def release(self, pos: int) -> None:
+        """Bytes before ``pos`` will not be asked for again."""
+        if pos > self.keep:
+            self.keep = pos
+
+    def _more(self) -> None:
+        chunk = self._read(READ_CHUNK)
+        if not chunk:
+            self.eof = True
+            return
+        drop = min(self.keep, self.end) - self.base
+        self.buf = self.buf[drop:] + chunk if drop > 0 else self.buf + chunk
+        self.base += max(drop, 0)
+
+
+class FrameScan:
+    """Stream the longest valid prefix of a zstd-framed session log.
+
+    Iterate for the prefix's records (a frame's records are yielded only after the whole
+    frame verified); afterwards ``stable_offset``, ``last_seq``, ``last_ts``, ``count``,
+    ``damage`` describe it, ``skipped_frames`` counts skippable frames in the prefix.
+
+    The tail after the prefix is classified by DESIGN.md section 3, a frame being the
+    unit: an EOF-interrupted frame is ``torn`` (``in-flight`` when ``owned``); a frame
+    that fails decompression or its checksum, or whose content is not whole records, is
+    ``corrupt`` — ``mid-log`` when verified frames with decodable records follow it; a
+    NUL run at the stable offset is ``zero-fill`` when whatever decodes after it lies
+    within ``batch_limit`` bytes, else ``mid-log``; a whole frame whose records decode
+    with the wrong seq is ``seq-break``. A frame over the limits at the stable offset is
+    an error (CorruptLog), like an over-long record in a JSONL log.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[int], bytes],
+        *,
+        session_id: str | None,
+        where: str,
+        limits: Limits = DEFAULT_LIMITS,
+        owned: bool = False,
+    ) -> None:
+        self.session_id = session_id
+        self.where = where
+        self.limits = limits
+        self.frame_limits = FrameLimits.from_limits(limits)
+        self.owned = owned
+        self.stable_offset = 0
+        self.last_seq = 0
+        self.last_ts = 0.0
+        self.count = 0
+        self.frames = 0
+        self.skipped_frames = 0
+        self.damage: Damage | None = None
+        self._stream = ByteStream(read)
+        self._done = False
+
+    def __iter__(self) -> Iterator[Record]:
+        if self._done:
+            raise RuntimeError("a FrameScan is iterated once")
+        self._done = True
+        stream, flimits = self._stream, self.frame_limits
+        pos = 0
+        while True:
+            stream.release(pos)
+            if not stream.get(pos, 1):
+                if self.count == 0 and self.session_id is not None:
+                    raise CorruptLog(f"{self.where}: not a session log: no data frame", path=self.where, offset=0)
+                return
+            shape = walk_frame(stream.get, pos, flimits)
+            if isinstance(shape, Broken):
+                if shape.over_limit:
+                    raise CorruptLog(f"{self.where}: frame at offset {pos}: {shape.reason}",
+                                     path=self.where, offset=pos)
+                self._fail(pos, "torn" if shape.torn else "bad", shape.reason)
+                return
+            if shape.skippable:
+                self.skipped_frames += 1
+                pos = self.stable_offset = shape.end
+                continue
+            frame = stream.get(pos, shape.end - pos)
+            content = decompress_frame(frame, shape, flimits)
+            if isinstance(content, str):
+                self._fail(pos, "bad", content)
+                return
+            records, damage, reason = frame_records(
+                content, expected_seq=self.last_seq + 1, where=self.where, offset=pos, limits=self.limits
+            )
+            if reason is not None:
+                self._fail(pos, "seq" if damage is not None and damage.kind is DamageKind.SEQ_BREAK else "bad",
+                           reason)
+                return
+            if self.count == 0 and self.session_id is not None:
+                check_header(records[0], self.session_id, self.where)
+            pos = self.stable_offset = shape.end
+            self.frames += 1
+            self.count += len(records)
+            self.last_seq = records[-1].seq
+            self.last_ts = records[-1].ts
+            yield from records
+
+    def _fail(self, offset: int, what: str, reason: str) -> None:
+        if self.count == 0 and self.session_id is not None:
+            raise CorruptLog(
+                f"{self.where}: not a session log: no valid first frame at offset {offset} ({reason})",
+                path=self.where, offset=offset,
+            )
+        first = self._stream.get(offset, 1)
+        tail = TailCount(self._stream, offset, self.frame_limits, self.limits)
+        tail.run()
+        if first == b"\0":
+            within = tail.last_end - offset <= self.limits.batch_limit
+            kind = DamageKind.ZERO_FILL if within else DamageKind.MID_LOG
+            reason = "NUL bytes at the end of the log" if within else (
+                f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
+            )
+        elif what == "seq":
+            kind = DamageKind.SEQ_BREAK
+        elif tail.count:
+            kind = DamageKind.MID_LOG
+        elif what == "torn":
+            kind = DamageKind.IN_FLIGHT if self.owned else DamageKind.TORN
+        else:
+            kind = DamageKind.CORRUPT
+        self.damage = Damage(
+            kind=kind,
+            offset=offset,
+            length=tail.end - offset,
+            records_after=tail.count,
+            reason=reason,
+            dropped_seqs=(tail.first_seq, tail.last_seq) if tail.count else None,
+        )
+
+
+class TailCount:
+    """Walk the tail after damage: its length, and the records that still decode in the
+    verified frames found in it (resynchronizing on the frame magic)."""
+
+    def __init__(self, stream: ByteStream, offset: int, frame_limits: FrameLimits, limits: Limits) -> None:
+        self._stream = stream
+        self._offset = offset
+        self._flimits = frame_limits
+        self._limits = limits
+        self.end = offset
+        self.count = 0
+        self.first_seq = 0
+        self.last_seq = 0
+        self.last_end = offset  # end of the last frame with decodable records (offset if none)
+
+    def run(self) -> None:
+        stream, flimits = self._stream, self._flimits
+        pos = self._offset
+        while True:
+            stream.release(pos)
+            # Find the next magic at or after pos, reading forward a chunk at a time.
+            while True:
+                i = stream.buf.find(ZSTD_MAGIC, max(pos - stream.base, 0))
+                if i >= 0:
+                    pos = stream.base + i
+                    break
+                if stream.eof:
+                    self.end = stream.end
+                    return
+                pos = max(pos, stream.end - 3)
+                stream.release(pos)
+                stream.get(stream.end, 1)  # read more
+            shape = walk_frame(stream.get, pos, flimits)
+            if isinstance(shape, Broken) or shape.skippable:
+                pos += 1
+                continue
+            content = decompress_frame(stream.get(pos, shape.end - pos), shape, flimits)
+            if isinstance(content, str):
+                pos += 1
+                continue
+            found = self._count(content)
+            if found:
+                self.last_end = shape.end
+            pos = shape.end
+
+    def _count(self, content: bytes) -> int:
+        found = 0
+        lines = content.split(b"\n")
+        for line in lines[:-1]:  # the part after the last newline is not a whole line
+            if len(line) > self._limits.record_limit:
+                continue
+            try:
+                record = Record.from_line(line)
+            except RecordError:
+                continue
+            if not self.count:
+                self.first_seq = record.seq
+            self.count += 1
+            self.last_seq = record.seq
+            found += 1
+        return found
