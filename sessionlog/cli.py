@@ -8,6 +8,7 @@ sessions the worst wins, in the order 4 > 5 > 3 > 1 > 0.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -227,7 +228,7 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             d.get("kind", ""), str(d.get("offset", "")), str(d.get("length", "")),
             str(d.get("records_after", "")), opened, ", ".join(row["unanswered_calls"]),
         )
-    console = Console(file=out, soft_wrap=False, width=max(100, _width(out)))
+    console = Console(file=out, soft_wrap=False, width=max(80, _width(out)))
     console.print(table)
     for row in rows:
         if "error" in row:
@@ -239,8 +240,8 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
 def _width(out: TextIO) -> int:
     try:
         return os.get_terminal_size(out.fileno()).columns
-    except (OSError, ValueError, AttributeError):
-        return 120
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return int(os.environ.get("COLUMNS", "160"))
 
 
 # --- repair ----------------------------------------------------------------------------
@@ -297,9 +298,9 @@ def _print_repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: boo
             status = "would repair"
         table.add_row(
             row["session"], status, str(row["truncated_bytes"]), appended,
-            row["quarantine"] or (row["reason"] or ""),
+            os.path.basename(row["quarantine"]) if row["quarantine"] else (row["reason"] or ""),
         )
-    console = Console(file=out, soft_wrap=False, width=max(100, _width(out)))
+    console = Console(file=out, soft_wrap=False, width=max(80, _width(out)))
     console.print(table)
     if not rows:
         console.print("no sessions")
