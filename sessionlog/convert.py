@@ -1,0 +1,370 @@
+"""Offline store-to-store tools: ``convert`` between any two backends, ``compact``.
+
+Built on the public store API only (``open_store``, ``scan``, ``read``, ``repair`` with
+``dry_run``, ``import_session``): every record is copied as its exact bytes, unknown
+fields included; a DST session is never overwritten (``import_session`` publishes a new
+session atomically or raises ``SessionExists``) and SRC is never written.
+
+Exit codes, for a command that reports several sessions (worst wins: 4 > 5 > 3 > 1 > 0):
+0 every session done · 1 a session's damage is repairable (``--repaired``, or repair it)
+· 3 a session's damage needs a ``--force`` repair first · 4 an error: I/O, not a session
+log, unsupported format, a DST session that already exists, a store that cannot compact ·
+5 a writer owns the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from . import InvalidStoreUrl, open_store, scheme_of
+from .contract import (
+    EventStore,
+    InvalidEvent,
+    ScanResult,
+    SessionExists,
+    SessionLogError,
+    SessionNotFound,
+    UnsupportedFormat,
+)
+from .events import Record
+
+KNOWN_SCHEMES = frozenset({"memory", "jsonl", "zstd", "sqlite", "postgresql"})
+FILE_SCHEMES = {".jsonl.zst": "zstd", ".jsonl": "jsonl"}
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+_WORST = {0: 0, 1: 1, 3: 2, 5: 3, 4: 4}  # DESIGN.md section 7: 4 over 5 over 3 over 1 over 0
+
+
+class SkippableFramesDropped(UserWarning):
+    """SRC held zstd skippable frames (metadata readers skip); DST does not keep them."""
+
+
+@dataclass(slots=True)
+class ConvertResult:
+    """What ``convert`` did with one session.
+
+    ``status``: "converted"; "exists" (DST already has the session: left untouched);
+    "refused" (SRC is damaged and ``repaired`` was not asked, or its damage needs
+    force; ``scan`` is the report); "locked" (a writer owns the SRC session); "error"
+    (not a session log, unsupported format, I/O). ``records`` is the number written."""
+
+    session: str
+    status: str
+    records: int = 0
+    reason: str | None = None
+    scan: ScanResult | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "converted":
+            return 0
+        if self.status == "locked":
+            return 5
+        if self.status == "refused":
+            damage = self.scan.damage if self.scan is not None else None
+            return 3 if damage is not None and damage.kind.needs_force else 1
+        return 4
+
+
+@dataclass(slots=True)
+class CompactResult:
+    """What ``compact`` did with one session: ``status`` is "compacted", "unchanged",
+    "refused" (damaged: repair first), "locked" (a writer owns it) or "error"."""
+
+    session: str
+    status: str
+    reason: str | None = None
+    bytes_before: int = 0
+    bytes_after: int = 0
+    frames_before: int = 0
+    frames_after: int = 0
+    content_bytes: int = 0
+    needs_force: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return {"compacted": 0, "unchanged": 0, "locked": 5}.get(
+            self.status, 3 if self.needs_force else (1 if self.status == "refused" else 4)
+        )
+
+
+def exit_code(results: Iterable[ConvertResult | CompactResult]) -> int:
+    """The command's exit code: the worst of the sessions' (0 when there are none)."""
+    codes = [r.exit_code for r in results]
+    return max(codes, key=_WORST.__getitem__, default=0)
+
+
+# --- targets ------------------------------------------------------------------------
+
+
+def resolve_target(text: str) -> tuple[str, str | None]:
+    """A store URL and optional session id for a command-line TARGET.
+
+    A store URL stays as it is. A file ``DIR/<id>.jsonl`` / ``DIR/<id>.jsonl.zst`` is
+    that session of ``jsonl:DIR`` / ``zstd:DIR``; a ``.sqlite``/``.db`` file is
+    ``sqlite:///FILE``; a directory holding ``*.jsonl`` (or ``*.jsonl.zst``) files is
+    that store. Raises InvalidStoreUrl when the backend cannot be told (an empty or
+    missing directory, both kinds of files): name it with a URL then."""
+    head, sep, _ = text.partition(":")
+    if sep and head.partition("+")[0].lower() in KNOWN_SCHEMES and not os.path.exists(text):
+        return text, None
+    path = os.path.abspath(text)
+    name = os.path.basename(path)
+    if not os.path.isdir(path):
+        for suffix, scheme in FILE_SCHEMES.items():
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return f"{scheme}:{os.path.dirname(path)}", name[: -len(suffix)]
+        if name.endswith(SQLITE_SUFFIXES):
+            return f"sqlite:///{path}", None
+        if not os.path.exists(path):
+            raise InvalidStoreUrl(f"{text}: no such file or directory; name a new store with a URL (zstd:{text})")
+        raise InvalidStoreUrl(f"{text}: not a session log (*.jsonl, *.jsonl.zst) or store directory")
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise InvalidStoreUrl(f"{text}: cannot list: {exc.strerror or exc}") from exc
+    found = {scheme for name in names if not name.startswith(".")
+             for suffix, scheme in FILE_SCHEMES.items() if name.endswith(suffix)
+             and not (suffix == ".jsonl" and name.endswith(".jsonl.zst"))}
+    if len(found) == 1:
+        return f"{found.pop()}:{path}", None
+    if not found:
+        raise InvalidStoreUrl(f"{text}: holds no session logs; name the backend with a URL (jsonl:{text}, zstd:{text})")
+    raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
+
+
+def _open_source(url: str) -> EventStore:
+    """Open SRC without writing to it: a file store's directory must exist and is not
+    created or swept."""
+    scheme = scheme_of(url)
+    if scheme in ("jsonl", "zstd"):
+        directory = url.partition(":")[2]
+        directory = directory[2:] if directory.startswith("//") else directory
+        if not os.path.isdir(directory):
+            raise SessionNotFound(f"{directory}: no such store directory")
+        from .backends.filestore import FileStore
+        from .backends.jsonl import JsonlFraming
+        from .backends.zstd import ZstdFraming
+
+        framing = JsonlFraming() if scheme == "jsonl" else ZstdFraming()
+        return FileStore(directory, framing, scheme=scheme, create_dir=False)
+    return open_store(url)
+
+
+# --- convert ------------------------------------------------------------------------
+
+
+def convert(
+    src_url: str,
+    dst_url: str,
+    *,
+    session: str | None = None,
+    repaired: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[ConvertResult]:
+    """Copy every session of SRC (or just ``session``) into DST, record bytes verbatim.
+
+    A session already in DST is left untouched ("exists"). A damaged SRC session is
+    "refused" with its scan report, unless ``repaired``: then the repaired view (the
+    durable prefix plus the records ``repair`` would append) is written to DST and SRC
+    stays as it is. Damage that needs ``--force`` is always refused. Skippable zstd
+    frames in SRC are dropped with a :class:`SkippableFramesDropped` warning. Each DST
+    session is published atomically and read back to check its bytes. ``progress`` is
+    called with the number of records just written.
+
+    SRC and DST may also be plain paths (see :func:`resolve_target`); a path naming one
+    session file selects that session.
+
+    Raises InvalidStoreUrl, SessionNotFound (no SRC store or session), IOFailure."""
+    src_url, src_session = resolve_target(src_url)
+    dst_url, dst_session = resolve_target(dst_url)
+    for named in (src_session, dst_session):
+        if named is not None:
+            if session is not None and named != session:
+                raise InvalidStoreUrl(f"session {session!r} asked for, but a target names session {named!r}")
+            session = named
+    src = _open_source(src_url)
+    try:
+        dst = open_store(dst_url)
+        try:
+            ids = [session] if session is not None else src.sessions()
+            if session is not None and session not in src.sessions():
+                raise SessionNotFound(f"{src_url}: no session {session!r}")
+            existing = set(dst.sessions())
+            return [_convert_one(src, dst, sid, sid in existing, repaired, progress) for sid in ids]
+        finally:
+            dst.close()
+    finally:
+        src.close()
+
+
+def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repaired: bool,
+                 progress: Callable[[int], None] | None) -> ConvertResult:
+    if exists:
+        return ConvertResult(sid, "exists", reason=f"{dst.url}: session {sid!r} already exists; not overwritten")
+    try:
+        scan = src.scan(sid)
+    except (UnsupportedFormat, SessionLogError) as exc:
+        return ConvertResult(sid, "error", reason=str(exc))
+    if scan.owned:
+        return ConvertResult(sid, "locked", reason="a writer owns the session; convert it when the writer is done",
+                             scan=scan)
+    appended: list[Record] = []
+    if scan.damage is not None or scan.unmarked_quarantines:
+        if not repaired:
+            what = (f"{scan.damage.kind} at offset {scan.damage.offset} ({scan.damage.reason})"
+                    if scan.damage is not None else "quarantined tail without its marker")
+            return ConvertResult(sid, "refused", reason=f"SRC is damaged: {what}; convert --repaired "
+                                 "writes the repaired view", scan=scan)
+        plan = src.repair(sid, dry_run=True)
+        if plan.status == "refused":
+            return ConvertResult(sid, "refused", reason=plan.reason, scan=scan)
+        appended = [r if isinstance(r, Record) else Record.from_line(_raw(r)) for r in plan.appended]
+    elif repaired and scan.transcript_open:
+        plan = src.repair(sid, dry_run=True)
+        appended = [r if isinstance(r, Record) else Record.from_line(_raw(r)) for r in plan.appended]
+    notes: list[str] = []
+    skipped = _skippable_frames(src, sid)
+    if skipped:
+        note = f"{sid}: {skipped} skippable zstd frame(s) in SRC are not carried over"
+        warnings.warn(note, SkippableFramesDropped, stacklevel=3)
+        notes.append(note)
+    digest = hashlib.sha256()
+    count = 0
+
+    def stream() -> Iterator[Record]:
+        nonlocal count
+        prefix = itertools.takewhile(lambda r: r.seq <= scan.last_seq, src.read(sid))
+        for record in itertools.chain(prefix, appended):
+            digest.update(record.raw)
+            digest.update(b"\n")
+            count += 1
+            if progress is not None and count % 256 == 0:
+                progress(256)
+            yield record
+
+    try:
+        last = dst.import_session(sid, stream())
+    except SessionExists as exc:
+        return ConvertResult(sid, "exists", reason=str(exc))
+    except InvalidEvent as exc:  # SRC changed between its scan and its read
+        return ConvertResult(sid, "error", reason=f"SRC changed while converting: {exc}", scan=scan)
+    except SessionLogError as exc:
+        return ConvertResult(sid, "error", reason=str(exc), scan=scan)
+    if progress is not None and count % 256:
+        progress(count % 256)
+    expected = scan.last_seq + len(appended)
+    check = hashlib.sha256()
+    for record in dst.read(sid):
+        check.update(record.raw)
+        check.update(b"\n")
+    if last != expected or count != expected or check.digest() != digest.digest():
+        raise SessionLogError(f"{dst.url}: session {sid!r} does not read back byte-identical after convert")
+    return ConvertResult(sid, "converted", records=count, scan=scan, warnings=tuple(notes))
+
+
+def _raw(record: object) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(record)
+
+
+def _skippable_frames(store: EventStore, sid: str) -> int:
+    stats = getattr(store, "frame_stats", None)
+    if stats is None:
+        return 0
+    try:
+        return int(stats(sid).skipped_frames)
+    except SessionLogError:
+        return 0
+
+
+# --- compact ------------------------------------------------------------------------
+
+
+def compact(
+    url: str,
+    *,
+    session: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[CompactResult]:
+    """Rewrite each session of a Zstd store (or just ``session``) into large frames,
+    under its writer lock, atomically (see ``ZstdStore.compact``). A damaged session is
+    "refused", an owned one "locked"; a store of another backend is an "error" result.
+    ``progress`` is called with the number of records just rewritten.
+    Raises InvalidStoreUrl, SessionNotFound, IOFailure."""
+    url, named = resolve_target(url)
+    if named is not None:
+        if session is not None and named != session:
+            raise InvalidStoreUrl(f"session {session!r} asked for, but the target names session {named!r}")
+        session = named
+    store = open_store(url)
+    try:
+        ids = [session] if session is not None else store.sessions()
+        rewrite = getattr(store, "compact", None)
+        if rewrite is None:
+            return [CompactResult(sid, "error", reason=f"{store.url}: this backend has no frames to compact")
+                    for sid in ids]
+        results = []
+        for sid in ids:
+            try:
+                report = rewrite(sid, progress=progress)
+            except SessionNotFound:
+                raise
+            except SessionLogError as exc:
+                results.append(CompactResult(sid, "error", reason=str(exc)))
+                continue
+            damage = report.damage
+            results.append(CompactResult(
+                sid, report.status, reason=report.reason, bytes_before=report.bytes_before,
+                bytes_after=report.bytes_after, frames_before=report.frames_before,
+                frames_after=report.frames_after, content_bytes=report.content_bytes,
+                needs_force=bool(damage is not None and damage.kind.needs_force),
+            ))
+        return results
+    finally:
+        store.close()
+
+
+# --- progress -----------------------------------------------------------------------
+
+
+@contextmanager
+def terminal_progress(description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    """A ``progress`` callback that drives a rich progress bar on stderr when stderr is a
+    terminal, and does nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def count_records(url: str, session: str | None = None) -> int:
+    """The total a progress bar for ``convert``/``compact`` of ``url`` counts up to
+    (a scan of each session; never writes)."""
+    store = _open_source(url)
+    try:
+        ids = [session] if session is not None else store.sessions()
+        total = 0
+        for sid in ids:
+            try:
+                total += store.scan(sid).record_count
+            except SessionLogError:
+                continue
+        return total
+    finally:
+        store.close()
