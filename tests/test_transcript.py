@@ -148,7 +148,9 @@ def calls_and_results(items: Sequence[Mapping[str, Any]], fmt: str) -> tuple[lis
                     calls.append(uses)
                     results.append([])
             else:
-                results[-1].extend(b["tool_use_id"] for b in blocks if b.get("type") == "tool_result")
+                found = [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
+                if found:
+                    results[-1].extend(found)
     return calls, results
 
 

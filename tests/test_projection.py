@@ -1,0 +1,228 @@
+"""Provider views: every fixture and every damaged session projects to input that each
+provider's pairing rules accept, with every requested call exactly once and one result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+import sessionlog
+from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
+from sessionlog.projection import FORMATS, UnknownFormat, check_pairing, project
+from sessions import crashed_sessions
+from test_transcript import (
+    assert_paired,
+    assistant,
+    call,
+    damaged_sessions,
+    numbered,
+    requested_ids,
+    result,
+)
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURE_FILES = sorted(FIXTURES.glob("*.jsonl"))
+
+
+def _view(store: sessionlog.EventStore, sid: str) -> list[Any]:
+    """What `sessionlog show` projects: the durable prefix, then what repair would append."""
+    plan = store.repair(sid, force=True, dry_run=True)
+    return list(store.read(sid)) + (list(plan.appended) if plan.status == "repaired" else [])
+
+
+@pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[f.stem for f in FIXTURE_FILES])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fixture_views_pass_their_checker(tmp_path: Path, fixture: Path, fmt: str) -> None:
+    shutil.copy(fixture, tmp_path / fixture.name)
+    with sessionlog.open_store(f"jsonl:{tmp_path}") as store:
+        sid = fixture.stem
+        for records in (list(store.read(sid)), _view(store, sid)):
+            view = project(records, fmt)
+            assert check_pairing(view.items, fmt) is None
+            assert_paired(view.items, fmt, records)
+            json.dumps(view.to_json())  # JSON-able
+        assert fixture.read_bytes() == (tmp_path / fixture.name).read_bytes()  # nothing written
+
+
+def test_fixtures_are_there() -> None:
+    assert len(FIXTURE_FILES) >= 3
+
+
+@settings(max_examples=250, deadline=None)
+@given(damaged_sessions())
+def test_damaged_sessions_project_paired_in_every_format(records: list[dict[str, Any]]) -> None:
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None, (fmt, check_pairing(view.items, fmt))
+        assert_paired(view.items, fmt, records)
+
+
+@settings(max_examples=100, deadline=None)
+@given(crashed_sessions())
+def test_crashed_sessions_project_paired_in_every_format(events: list[dict[str, Any]]) -> None:
+    records = numbered(events)
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None
+        assert_paired(view.items, fmt, records)
+
+
+def _mixed() -> list[dict[str, Any]]:
+    return numbered([
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "user/message", "turn": "t1", "content": "deploy and check"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        assistant("t1", 1, [("a", "deploy"), ("b", "search"), ("c", "ghost")], content="on it",
+                  arguments={"q": "x"}),
+        call("t1", 1, "a", "deploy"),
+        result("t1", 1, "x9", "orphan"),
+        result("t1", 1, "c", "no tool named ghost", True, code="TOOL_NOT_FOUND"),
+        result("t1", 1, "c", "dup"),
+        {"type": "step/end", "turn": "t1", "step": 1, "status": "error"},
+        {"type": "turn/end", "turn": "t1", "status": "error"},
+        {"type": "turn/start", "turn": "t2"},
+        {"type": "user/message", "turn": "t2", "content": "what happened?"},
+    ])
+
+
+def test_openai_chat_shape() -> None:
+    view = project(_mixed(), "openai")
+    assert view.to_json().keys() == {"messages"}
+    user, asst, a, b, c, user2 = view.items
+    assert asst["tool_calls"][0] == {"id": "a", "type": "function",
+                                    "function": {"name": "deploy", "arguments": '{"q":"x"}'}}
+    assert [m["tool_call_id"] for m in (a, b, c)] == ["a", "b", "c"]
+    assert a["content"].startswith(TOOL_OUTCOME_UNKNOWN) and b["content"].startswith(TOOL_NOT_STARTED)
+    assert c["content"] == "TOOL_NOT_FOUND: no tool named ghost"
+    assert user2 == {"role": "user", "content": "what happened?"}
+    assert sum("orphan" in i for i in view.issues) == 1 and sum("duplicate" in i for i in view.issues) == 1
+    assert sum("view shows" in i for i in view.issues) == 2
+
+
+def test_responses_shape() -> None:
+    view = project(_mixed(), "responses")
+    assert view.to_json().keys() == {"input"}
+    kinds = [(i["type"], i.get("role") or i.get("call_id")) for i in view.items]
+    assert kinds == [("message", "user"), ("message", "assistant"), ("function_call", "a"), ("function_call", "b"),
+                     ("function_call", "c"), ("function_call_output", "a"), ("function_call_output", "b"),
+                     ("function_call_output", "c"), ("message", "user")]
+    assert view.items[2]["arguments"] == '{"q":"x"}'
+
+
+def test_anthropic_shape_results_open_the_next_user_message() -> None:
+    view = project(_mixed(), "anthropic")
+    user, asst, results = view.items
+    assert [b["type"] for b in asst["content"]] == ["text", "tool_use", "tool_use", "tool_use"]
+    assert asst["content"][1]["input"] == {"q": "x"}
+    assert [b.get("tool_use_id") or b["type"] for b in results["content"]] == ["a", "b", "c", "text"]
+    assert all(b["is_error"] is True for b in results["content"][:3])
+    assert results["content"][3] == {"type": "text", "text": "what happened?"}
+
+
+def test_is_error_false_is_not_an_error_block() -> None:
+    records = numbered([assistant("t1", 1, [("a", "read_file")]), result("t1", 1, "a", "fine")])
+    (_, res) = project(records, "anthropic").items
+    assert res["content"] == [{"type": "tool_result", "tool_use_id": "a", "content": "fine"}]
+
+
+def test_string_arguments_are_kept_as_json_text_and_decoded_for_anthropic() -> None:
+    records = numbered([assistant("t1", 1, [("a", "read_file")], arguments='{"path": "/x"}'),
+                        result("t1", 1, "a", "x")])
+    assert project(records, "openai").items[0]["tool_calls"][0]["function"]["arguments"] == '{"path": "/x"}'
+    assert project(records, "anthropic").items[0]["content"][0]["input"] == {"path": "/x"}
+
+
+def test_projection_writes_nothing_and_keeps_the_log() -> None:
+    records = _mixed()
+    before = json.dumps(records)
+    for fmt in FORMATS:
+        project(records, fmt)
+    assert json.dumps(records) == before
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(UnknownFormat):
+        project([], "gemini")
+    with pytest.raises(UnknownFormat):
+        check_pairing([], "gemini")
+
+
+# --- the checkers name the first violation --------------------------------------------
+
+
+def test_openai_checker_violations() -> None:
+    asst = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "b", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    tool_a = {"role": "tool", "tool_call_id": "a", "content": "A"}
+    tool_b = {"role": "tool", "tool_call_id": "b", "content": "B"}
+    user = {"role": "user", "content": "hi"}
+    assert check_pairing([user, asst, tool_b, tool_a], "openai") is None  # any order is valid
+    v = check_pairing([user, asst, tool_a, user], "openai")
+    assert (v.call_id, v.index) == ("b", 3) and "'b'" in v.message and "message 3" in v.message
+    v = check_pairing([user, asst, tool_a], "openai")
+    assert (v.call_id, v.index) == ("b", 3)
+    v = check_pairing([user, tool_a], "openai")
+    assert (v.call_id, v.index) == ("a", 1)
+    v = check_pairing([asst, tool_a, tool_b, tool_b], "openai")
+    assert (v.call_id, v.index) == ("b", 3)
+    bad_args = json.loads(json.dumps(asst))
+    bad_args["tool_calls"][1]["function"]["arguments"] = {}
+    assert check_pairing([bad_args, tool_a, tool_b], "openai").call_id == "b"
+
+
+def test_responses_checker_violations() -> None:
+    fc = lambda cid: {"type": "function_call", "call_id": cid, "name": "f", "arguments": "{}"}  # noqa: E731
+    out = lambda cid: {"type": "function_call_output", "call_id": cid, "output": "x"}  # noqa: E731
+    assert check_pairing([fc("a"), fc("b"), out("b"), out("a")], "responses") is None
+    v = check_pairing([fc("a"), fc("b"), out("a")], "responses")
+    assert (v.call_id, v.index) == ("b", 1)
+    v = check_pairing([out("a"), fc("a")], "responses")
+    assert (v.call_id, v.index) == ("a", 0)
+    v = check_pairing([fc("a"), out("a"), out("a")], "responses")
+    assert (v.call_id, v.index) == ("a", 2)
+    # a continuation of a server-side conversation sends only the outputs
+    assert check_pairing([out("a")], "responses", server_calls={"a"}) is None
+    assert check_pairing([out("a"), out("a")], "responses", server_calls={"a"}).index == 1
+
+
+def test_anthropic_checker_violations() -> None:
+    asst = {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}},
+                                             {"type": "tool_use", "id": "b", "name": "f", "input": {}}]}
+    res = lambda cid, **kw: {"type": "tool_result", "tool_use_id": cid, "content": "x", **kw}  # noqa: E731
+    text = {"type": "text", "text": "and"}
+    assert check_pairing([asst, {"role": "user", "content": [res("b"), res("a", is_error=True), text]}],
+                         "anthropic") is None
+    v = check_pairing([asst, {"role": "user", "content": [res("a"), text, res("b")]}], "anthropic")
+    assert (v.call_id, v.index) == ("b", 1)
+    v = check_pairing([asst, {"role": "user", "content": [res("a")]}], "anthropic")
+    assert (v.call_id, v.index) == ("b", 1)
+    v = check_pairing([asst], "anthropic")
+    assert (v.call_id, v.index) == ("a", 0)
+    v = check_pairing([asst, {"role": "user", "content": [res("a"), res("b"), res("b")]}], "anthropic")
+    assert (v.call_id, v.index) == ("b", 1)
+    v = check_pairing([{"role": "user", "content": [res("z")]}], "anthropic")
+    assert (v.call_id, v.index) == ("z", 0)
+
+
+def test_view_of_damaged_session_every_call_once(tmp_path: Path) -> None:
+    """The same through a store: a crashed parallel step, shown the way `show` shows it."""
+    with sessionlog.open_store(f"jsonl:{tmp_path}") as store:
+        store.create("s1", [
+            {"type": "turn/start", "turn": "t1"},
+            {"type": "step/start", "turn": "t1", "step": 1},
+            assistant("t1", 1, [("a", "deploy"), ("b", "search")]),
+            call("t1", 1, "b", "search"),
+        ])
+        records = _view(store, "s1")
+        assert requested_ids(records) == ["a", "b"]
+        for fmt in FORMATS:
+            view = project(records, fmt)
+            assert check_pairing(view.items, fmt) is None
+            assert view.issues == []  # repair's own results are in the view, nothing made up
+            assert_paired(view.items, fmt, records)
