@@ -209,35 +209,42 @@ class Record(Mapping[str, Any]):
 def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -> bytes:
     """Serialize a new event as a record line (no newline), ``seq`` and ``ts`` first.
 
-    ``event`` must carry a non-empty string ``type`` and must not carry ``seq``; ``ts``
-    is kept when the event has one, else ``ts`` (or the current time) is used.
+    ``event`` must carry a non-empty string ``type`` and must not carry ``seq``; its
+    ``ts`` is kept when it has one, else ``ts`` (or the current time) is used.
     Raises :class:`RecordError` for an event that could not be read back as a record.
     """
-    if not isinstance(event, Mapping):
+    if type(event) is not dict and not isinstance(event, Mapping):
         raise RecordError(f"an event is a mapping, not {type(event).__name__}")
     type_ = event.get("type")
-    if not isinstance(type_, str) or not type_:
+    if type(type_) is not str or not type_:
         raise RecordError("an event needs a non-empty string 'type'")
     if "seq" in event:
         raise RecordError("'seq' is assigned by the store; do not set it")
     event_ts = event.get("ts")
     if event_ts is None:
         event_ts = time.time() if ts is None else ts
-    elif isinstance(event_ts, bool) or not isinstance(event_ts, (int, float)) or not math.isfinite(event_ts):
+    elif type(event_ts) is not float and (isinstance(event_ts, bool) or not isinstance(event_ts, (int, float))):
         raise RecordError("'ts' must be a finite number of seconds since the epoch")
-    body = {"seq": seq, "ts": event_ts, "type": type_}
-    for key, value in event.items():
-        if key not in body:
-            if not isinstance(key, str):
-                raise RecordError("event keys are strings")
-            body[key] = value
+    elif not math.isfinite(event_ts):
+        raise RecordError("'ts' must be a finite number of seconds since the epoch")
+    # The event's own members keep their order after the envelope; "type" and "ts" keep
+    # their envelope position (a repeated key in a dict display updates the first slot).
+    body = {"seq": seq, "ts": event_ts, "type": type_, **event}
+    body["ts"] = event_ts
     try:
         line = _encoder.encode(body)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+    except (TypeError, msgspec.EncodeError, OverflowError, ValueError) as exc:
         raise RecordError(f"event is not JSON-serializable: {exc}") from None
-    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
-        raise RecordError(f"event nested deeper than {MAX_DEPTH}")
+    for value in body.values():
+        # Only a member that is itself a container can nest deeper than MAX_DEPTH.
+        if value is not None and (type(value) in _CONTAINERS or not isinstance(value, (str, int, float))):
+            if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
+                raise RecordError(f"event nested deeper than {MAX_DEPTH}")
+            break
     return line
+
+
+_CONTAINERS = (dict, list, tuple)
 
 
 def header_event(session: str) -> dict[str, Any]:
