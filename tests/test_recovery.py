@@ -1,0 +1,319 @@
+"""Live step recovery: a step that fails after its assistant message was committed leaves
+every call answered (right codes, call order), the step and turn closed with ``error`` /
+``aborted``, the original exception propagating, and nothing for crash repair to do."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sessionlog
+from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
+from sessionlog.projection import FORMATS, check_pairing, project
+from sessionlog.recovery import TOOL_NOT_FOUND, StepScope, ToolOutcome, dispatch_tools, failure_status
+from test_transcript import assert_paired, assistant, call, result
+
+
+class SchedulerError(RuntimeError):
+    pass
+
+
+@pytest.fixture(params=["memory", "jsonl"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionlog.EventStore]:
+    url = "memory:" if request.param == "memory" else f"jsonl:{tmp_path / 'store'}"
+    with sessionlog.open_store(url) as st_:
+        st_.create("s1", [{"type": "turn/start", "turn": "t1"},
+                          {"type": "user/message", "turn": "t1", "content": "go"}])
+        yield st_
+
+
+def tail(store: sessionlog.EventStore, after: int = 3) -> list[tuple[Any, ...]]:
+    """The records after the user message, as (type, call_id or status, code)."""
+    out = []
+    for r in store.read("s1", after_seq=after):
+        out.append((r.type, r.get("call_id") or r.get("status"), r.get("code")))
+    return out
+
+
+def assert_clean_after(store: sessionlog.EventStore) -> None:
+    report = store.repair("s1")
+    assert report.status == "clean" and report.appended == []
+    assert store.scan("s1").status == sessionlog.Status.CLEAN
+    records = list(store.read("s1"))
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None and view.issues == []
+        assert_paired(view.items, fmt, records)
+
+
+CALLS = [("a", "deploy"), ("b", "search"), ("c", "read_file")]
+
+
+def test_failure_before_any_dispatch(store: sessionlog.EventStore) -> None:
+    boom = SchedulerError("scheduler broke before dispatch")
+    with store.session("s1") as h, pytest.raises(SchedulerError) as raised:
+        with StepScope(h, turn="t1") as scope:
+            scope.append([{"type": "step/start", "turn": "t1", "step": 1}, assistant("t1", 1, CALLS)])
+            raise boom
+    assert raised.value is boom and not getattr(boom, "__notes__", None)
+    assert tail(store) == [
+        ("step/start", None, None), ("assistant/message", None, None),
+        ("tool/result", "a", TOOL_NOT_STARTED), ("tool/result", "b", TOOL_NOT_STARTED),
+        ("tool/result", "c", TOOL_NOT_STARTED), ("step/end", "error", None), ("turn/end", "error", None),
+    ]
+    synthetic = [r for r in store.read("s1") if r.type == "tool/result"]
+    assert all(r["synthetic"] is True and r["is_error"] is True for r in synthetic)
+    assert_clean_after(store)
+
+
+def test_failure_after_some_dispatches_keeps_committed_results(store: sessionlog.EventStore) -> None:
+    with store.session("s1") as h, pytest.raises(SchedulerError):
+        with StepScope(h, turn="t1") as scope:
+            scope.append([{"type": "step/start", "turn": "t1", "step": 1}, assistant("t1", 1, CALLS)])
+            scope.append([call("t1", 1, "a", "deploy"), call("t1", 1, "c", "read_file")])
+            scope.append([result("t1", 1, "c", "contents")])
+            raise SchedulerError("after dispatch")
+    assert tail(store) == [
+        ("step/start", None, None), ("assistant/message", None, None),
+        ("tool/call", "a", None), ("tool/call", "c", None), ("tool/result", "c", None),
+        ("tool/result", "a", TOOL_OUTCOME_UNKNOWN), ("tool/result", "b", TOOL_NOT_STARTED),
+        ("step/end", "error", None), ("turn/end", "error", None),
+    ]
+    unknown = next(r for r in store.read("s1") if r.get("code") == TOOL_OUTCOME_UNKNOWN)
+    assert unknown["call_seq"] == 6  # the durable tool/call it rests on
+    assert_clean_after(store)
+
+
+def test_keyboard_interrupt_is_aborted(store: sessionlog.EventStore) -> None:
+    with store.session("s1") as h, pytest.raises(KeyboardInterrupt):
+        with StepScope(h, turn="t1") as scope:
+            scope.append([{"type": "step/start", "turn": "t1", "step": 1}, assistant("t1", 1, CALLS[:1])])
+            raise KeyboardInterrupt
+    assert tail(store)[-3:] == [("tool/result", "a", TOOL_NOT_STARTED), ("step/end", "aborted", None),
+                                ("turn/end", "aborted", None)]
+    assert_clean_after(store)
+
+
+def test_failure_before_the_assistant_message_closes_step_and_turn(store: sessionlog.EventStore) -> None:
+    with store.session("s1") as h, pytest.raises(SchedulerError):
+        with StepScope(h, turn="t1") as scope:
+            scope.append([{"type": "step/start", "turn": "t1", "step": 1}])
+            raise SchedulerError("model request failed")
+    assert tail(store) == [("step/start", None, None), ("step/end", "error", None), ("turn/end", "error", None)]
+    assert_clean_after(store)
+
+
+def test_normal_exit_writes_nothing(store: sessionlog.EventStore) -> None:
+    with store.session("s1") as h, StepScope(h, turn="t1") as scope:
+        scope.append([{"type": "step/start", "turn": "t1", "step": 1}])
+    assert tail(store) == [("step/start", None, None)]
+    assert scope.recovered == []
+
+
+def test_results_appended_behind_the_scope_are_not_answered_twice(store: sessionlog.EventStore) -> None:
+    with store.session("s1") as h, pytest.raises(SchedulerError):
+        with StepScope(h, turn="t1") as scope:
+            scope.append([{"type": "step/start", "turn": "t1", "step": 1}, assistant("t1", 1, CALLS[:2])])
+            h.append([call("t1", 1, "b", "search"), result("t1", 1, "b", "found")])  # not through the scope
+            raise SchedulerError("x")
+    results = [(r["call_id"], r.get("code")) for r in store.read("s1") if r.type == "tool/result"]
+    assert results == [("b", None), ("a", TOOL_NOT_STARTED)]
+    assert_clean_after(store)
+
+
+def test_close_turn_false_ends_only_the_step(store: sessionlog.EventStore) -> None:
+    with store.session("s1") as h, pytest.raises(SchedulerError):
+        with StepScope(h, turn="t1", close_turn=False) as scope:
+            scope.append([{"type": "step/start", "turn": "t1", "step": 1}])
+            raise SchedulerError("retry me")
+    assert tail(store)[-1] == ("step/end", "error", None)
+
+
+def test_recording_failure_is_attached_and_the_original_propagates(tmp_path: Path) -> None:
+    with sessionlog.open_store(f"jsonl:{tmp_path}") as store:
+        store.create("s1", [{"type": "turn/start", "turn": "t1"}])
+        boom = SchedulerError("original")
+        with pytest.raises(SchedulerError) as raised:
+            h = store.session("s1")
+            with StepScope(h, turn="t1") as scope:
+                scope.append([{"type": "step/start", "turn": "t1", "step": 1}, assistant("t1", 1, CALLS[:2])])
+                h.close()  # the handle is gone: recovery cannot append
+                raise boom
+        assert raised.value is boom
+        assert any("live step recovery could not record" in n for n in boom.__notes__)
+        assert isinstance(boom.__context__, sessionlog.StoreClosed)
+        # crash repair closes the same calls with the same codes
+        report = store.repair("s1")
+        assert [(r.get("call_id"), r.get("code"), r.get("status")) for r in report.appended] == [
+            ("a", TOOL_NOT_STARTED, None), ("b", TOOL_NOT_STARTED, None), (None, None, "interrupted"),
+            (None, None, "interrupted")]
+
+
+def test_failure_status() -> None:
+    assert failure_status(asyncio.CancelledError()) == "aborted"
+    assert failure_status(KeyboardInterrupt()) == "aborted"
+    assert failure_status(ValueError()) == "error"
+
+
+# --- asyncio, with the parallel dispatcher ---------------------------------------------
+
+
+class AsyncHandle:
+    """A session handle whose append is a coroutine (a runtime's async store adapter)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    @property
+    def last_seq(self) -> int:
+        return self.handle.last_seq
+
+    async def append(self, events: Any, *, expect_seq: int | None = None) -> int:
+        await asyncio.sleep(0)
+        return self.handle.append(events, expect_seq=expect_seq)
+
+
+def _wrap(h: Any, kind: str) -> Any:
+    return AsyncHandle(h) if kind == "async-append" else h
+
+
+FOUR = [("a", "deploy"), ("b", "search"), ("c", "read_file"), ("d", "deploy")]
+
+
+@pytest.mark.parametrize("kind", ["to-thread", "async-append"])
+def test_dispatch_failure_stops_new_calls_and_waits_for_started(store: sessionlog.EventStore, kind: str) -> None:
+    finished: list[str] = []
+
+    async def deploy(args: Any) -> str:
+        await asyncio.sleep(0.05)  # still running when search fails
+        finished.append("deploy")
+        return "deployed"
+
+    async def search(args: Any) -> str:
+        await asyncio.sleep(0.01)
+        raise SchedulerError("search crashed the scheduler")
+
+    async def step(h: Any) -> None:
+        message = assistant("t1", 1, FOUR)
+        async with StepScope(h, turn="t1") as scope:
+            await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1}, message])
+            await dispatch_tools(scope, message["tool_calls"], {"deploy": deploy, "search": search, "read_file": search},
+                                 concurrency=2)
+
+    with store.session("s1") as h, pytest.raises(SchedulerError, match="search crashed"):
+        asyncio.run(step(_wrap(h, kind)))
+    assert finished == ["deploy"]
+    assert tail(store) == [
+        ("step/start", None, None), ("assistant/message", None, None),
+        ("tool/call", "a", None), ("tool/call", "b", None), ("tool/result", "a", None),
+        ("tool/result", "b", TOOL_OUTCOME_UNKNOWN), ("tool/result", "c", TOOL_NOT_STARTED),
+        ("tool/result", "d", TOOL_NOT_STARTED), ("step/end", "error", None), ("turn/end", "error", None),
+    ]
+    assert_clean_after(store)
+
+
+@pytest.mark.parametrize("kind", ["to-thread", "async-append"])
+def test_cancellation_aborts_the_step(store: sessionlog.EventStore, kind: str) -> None:
+    async def slow(args: Any) -> str:
+        await asyncio.sleep(10)
+        return "never"
+
+    async def quick(args: Any) -> ToolOutcome:
+        return ToolOutcome("quick error", is_error=True)
+
+    async def main(h: Any) -> None:
+        message = assistant("t1", 1, [("q", "quick"), ("s", "slow"), ("g", "ghost"), ("z", "slow")])
+
+        async def step() -> None:
+            async with StepScope(h, turn="t1") as scope:
+                await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1}, message])
+                await dispatch_tools(scope, message["tool_calls"], {"quick": quick, "slow": slow}, concurrency=2)
+
+        task = asyncio.create_task(step())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await task
+
+    with store.session("s1") as h, pytest.raises(asyncio.CancelledError):
+        asyncio.run(main(_wrap(h, kind)))
+    assert tail(store) == [
+        ("step/start", None, None), ("assistant/message", None, None),
+        ("tool/call", "q", None), ("tool/call", "s", None), ("tool/result", "q", None),
+        ("tool/result", "g", TOOL_NOT_FOUND), ("tool/call", "z", None),
+        ("tool/result", "s", TOOL_OUTCOME_UNKNOWN), ("tool/result", "z", TOOL_OUTCOME_UNKNOWN),
+        ("step/end", "aborted", None), ("turn/end", "aborted", None),
+    ]
+    assert_clean_after(store)
+
+
+def test_async_success_writes_results_and_nothing_else(store: sessionlog.EventStore) -> None:
+    async def echo(args: Any) -> str:
+        return f"echo {args['n']}"
+
+    async def main(h: Any) -> None:
+        message = assistant("t1", 1, CALLS)
+        async with StepScope(h, turn="t1") as scope:
+            await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1}, message])
+            await dispatch_tools(scope, message["tool_calls"], {"deploy": echo, "search": echo, "read_file": echo})
+            await scope.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                                      {"type": "turn/end", "turn": "t1", "status": "completed"}])
+        assert scope.recovered == []
+
+    with store.session("s1") as h:
+        asyncio.run(main(h))
+    outputs = [r["output"] for r in store.read("s1") if r.type == "tool/result"]
+    assert sorted(outputs) == ["echo 0", "echo 1", "echo 2"]
+    assert_clean_after(store)
+
+
+# --- any failure point ----------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_failure_at_any_point_of_a_step(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 4))
+    calls = [(f"c{i}", "tool") for i in range(n)]
+    steps: list[list[dict[str, Any]]] = [[{"type": "step/start", "turn": "t1", "step": 1}],
+                                         [assistant("t1", 1, calls)]]
+    lanes = [[call("t1", 1, cid, "tool"), result("t1", 1, cid, "out")] for cid, _ in calls]
+    while any(lanes):
+        lane = data.draw(st.sampled_from([lane for lane in lanes if lane]))
+        steps.append([lane.pop(0)])
+    fail_after = data.draw(st.integers(0, len(steps)))
+    cancelled = data.draw(st.booleans())
+    with sessionlog.open_store("memory:") as store:
+        store.create("s1", [{"type": "turn/start", "turn": "t1"},
+                            {"type": "user/message", "turn": "t1", "content": "go"}])
+        exc: BaseException = KeyboardInterrupt() if cancelled else SchedulerError("x")
+        with store.session("s1") as h, pytest.raises(type(exc)):
+            with StepScope(h, turn="t1") as scope:
+                for batch in steps[:fail_after]:
+                    scope.append(batch)
+                raise exc
+        records = list(store.read("s1"))
+        committed_calls = {r["call_id"]: r.seq for r in records if r.type == "tool/call"}
+        by_call = {}
+        for r in records:
+            if r.type == "tool/result":
+                assert r["call_id"] not in by_call  # exactly one result per call
+                by_call[r["call_id"]] = r
+        if fail_after >= 2:
+            assert list(by_call) == [cid for cid, _ in calls] or set(by_call) == {cid for cid, _ in calls}
+            synthetic = [r for r in records if r.get("synthetic")]
+            ordered = [r["call_id"] for r in synthetic if r.type == "tool/result"]
+            assert ordered == [cid for cid, _ in calls if cid in ordered]  # call order
+            for r in synthetic:
+                if r.type == "tool/result":
+                    want = TOOL_OUTCOME_UNKNOWN if r["call_id"] in committed_calls else TOOL_NOT_STARTED
+                    assert r["code"] == want
+        status = "aborted" if cancelled else "error"
+        ends = [(r.type, r["status"]) for r in records if r.type in ("step/end", "turn/end")]
+        assert ends == ([("step/end", status)] if fail_after >= 1 else []) + [("turn/end", status)]
+        assert store.repair("s1").status == "clean"
