@@ -98,6 +98,15 @@ def _depth_exceeds(line: bytes, limit: int) -> bool:
     return False
 
 
+class _Envelope(msgspec.Struct):
+    seq: int
+    ts: float
+    type: str
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+
+
 def decode_envelope(line: bytes) -> tuple[int, float, str]:
     """Check that ``line`` (without its newline) decodes as a record; return its envelope.
 
@@ -113,13 +122,15 @@ def decode_envelope(line: bytes) -> tuple[int, float, str]:
     if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
         raise RecordError(f"nested deeper than {MAX_DEPTH}")
     try:
+        envelope = _envelope_decoder.decode(line)
         fields = _fields_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise RecordError(f"bad envelope: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise RecordError(f"not a JSON object: {exc}") from None
-    # A compact object's length is determined by its members; anything else (spaces,
-    # escaped keys, a repeated key that the dict folded) takes the exact path.
-    n = len(fields)
-    if len(line) != 1 + sum(map(len, fields)) + sum(map(len, fields.values())) + 4 * n:
+    # Re-encoding the members gives the line back exactly when the line is compact with
+    # unique keys; anything else (spaces, escapes, a repeated key) takes the exact path.
+    if len(_encoder.encode(fields)) != len(line):
         import json
 
         try:
@@ -128,27 +139,11 @@ def decode_envelope(line: bytes) -> tuple[int, float, str]:
             raise
         except ValueError as exc:  # pragma: no cover - msgspec accepted it
             raise RecordError(f"not a JSON object: {exc}") from None
-    try:
-        seq_raw, ts_raw, type_raw = fields["seq"], fields["ts"], fields["type"]
-    except KeyError as exc:
-        raise RecordError(f"missing {exc.args[0]!r}") from None
-    seq_text = bytes(seq_raw)
-    if not seq_text.lstrip(b"-").isdigit():
-        raise RecordError("seq is not an integer")
-    seq = int(seq_text)
-    try:
-        ts = float(bytes(ts_raw))
-    except ValueError:
-        raise RecordError("ts is not a number") from None
-    if not math.isfinite(ts):
-        raise RecordError("ts is not a finite number")
-    try:
-        type_ = _str_decoder.decode(type_raw)
-    except msgspec.DecodeError:
-        raise RecordError("type is not a string") from None
-    if not type_:
+    if not envelope.type:
         raise RecordError("type is empty")
-    return seq, ts, type_
+    if not math.isfinite(envelope.ts):  # pragma: no cover - JSON has no inf/nan
+        raise RecordError("ts is not a finite number")
+    return envelope.seq, envelope.ts, envelope.type
 
 
 class Record(Mapping[str, Any]):
