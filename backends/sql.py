@@ -1,0 +1,967 @@
+"""The SQL backend (SQLAlchemy 2 Core): SQLite by default, PostgreSQL for fleets.
+
+URLs: ``sqlite:///FILE`` and ``postgresql+psycopg://USER@HOST/DB`` (``?schema=NAME`` puts
+the tables in a PostgreSQL schema, created on first use). Many sessions live in one
+database; each record is one row holding its exact bytes, so ``convert`` between a file
+backend and SQL is byte-identical (tables in :mod:`sessionlog.backends.sql_schema`).
+
+Guarantees (DESIGN.md section 4):
+
+- An append is one transaction: lock the session (SQLite ``BEGIN IMMEDIATE``, PostgreSQL
+  ``SELECT ... FOR UPDATE`` on its row), read the tail, check ``expect_seq``, insert every
+  row of the batch in one statement, commit. A batch is whole or absent after a crash
+  (``atomic_batches = True``). Serialization, deadlock, busy and unique-violation errors
+  are retried inside the store; an error during COMMIT is ``AppendFailed`` with
+  ``outcome_unknown=True`` and is never retried.
+- Connections that would weaken durability are refused (:class:`DurabilityRefused`).
+- A writer owns a session through ``store.session()``: on PostgreSQL a session-level
+  advisory lock keyed by the session id, on SQLite the file backends' ``flock`` on
+  ``.<db file>.locks/<id>.lock`` beside the database. An owned session scans as ``open``
+  and ``repair`` refuses it (SessionLocked).
+- ``scan`` validates every stored record as the file backends do (envelope, one line,
+  contiguity, header). Damage positions are in row terms: ``Damage.offset`` and
+  ``ScanResult.stable_offset`` are the number of rows in the valid prefix (the 0-based
+  position of the first bad row, which is also the prefix's last seq), ``Damage.length``
+  is the number of bytes stored in the rows after it. An undecodable row followed by
+  rows that decode is ``mid-log``; undecodable rows at the end are ``corrupt``; a row
+  whose seq is not the next one (a gap, or a seq column that disagrees with its record)
+  is ``seq-break``.
+- ``repair`` writes in one transaction, conditional on the rows it scanned: rows after a
+  break move to ``sessionlog_quarantine`` (with ``force``; never deleted), then the
+  ``log/truncated`` marker, synthetic results and closers are appended.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from sessionlog.contract import (
+    AppendFailed,
+    CorruptLog,
+    Damage,
+    DamageKind,
+    ImportCheck,
+    InvalidEvent,
+    InvalidSessionId,
+    IOFailure,
+    RepairReport,
+    ScanResult,
+    SequenceConflict,
+    SessionExists,
+    SessionLogError,
+    SessionNotFound,
+    StoreClosed,
+    events_list,
+)
+from sessionlog.durable import quarantine_name
+from sessionlog.events import (
+    LOG_TRUNCATED,
+    Record,
+    RecordError,
+    TruncatedView,
+    encode_record,
+    header_event,
+    valid_session_id,
+)
+from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
+from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
+
+from .sql_engines import (
+    SCHEMA_LOCK_KEY,
+    UNIQUE_VIOLATION,
+    DurabilityRefused,
+    EngineKind,
+    PostgresKind,
+    SqliteKind,
+    driver_error,
+    sqlstate,
+)
+from .sql_schema import Schema, build_schema, check_version
+
+__all__ = ["DurabilityRefused", "RowScan", "SqlSession", "SqlStore", "open_url"]
+
+READ_CHUNK = 1000
+"""Rows per round trip when streaming a session (memory stays bounded)."""
+
+MAX_ATTEMPTS = 12
+"""Tries of one append when it meets retryable errors (busy, deadlock, serialization)."""
+
+_NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+# --- scanning rows (pure) ----------------------------------------------------------------
+
+
+def decode_row(raw: bytes) -> Record:
+    """A stored row's bytes as a record: it must decode (DESIGN.md section 2) and be one
+    line. Raises RecordError."""
+    if b"\n" in raw or b"\r" in raw:
+        raise RecordError("contains a line break")
+    return Record.from_line(raw)
+
+
+@dataclass(slots=True)
+class _Tail:
+    """What a scan saw beyond the prefix, for a repair conditional on it."""
+
+    rows: int = 0
+    max_seq: int = 0
+    quarantines: dict[str, int] = field(default_factory=dict)  # name -> stored bytes
+
+
+class RowScan:
+    """The longest valid prefix of a session's rows, then the damage after it.
+
+    Pure: ``rows`` yields ``(seq column, record bytes)`` in seq order. Iterate for the
+    prefix's records; afterwards ``count``, ``last_seq``, ``last_ts`` and ``damage``
+    describe it and ``rows``/``max_seq`` count every row seen. A first row that is not
+    this session's header is CorruptLog (or UnsupportedFormat); a row over the record
+    limit in the prefix is CorruptLog."""
+
+    def __init__(
+        self, rows: Iterable[tuple[int, bytes]], *, session_id: str, where: str, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
+        self._rows = rows
+        self.session_id = session_id
+        self.where = where
+        self.limits = limits
+        self.count = 0
+        self.last_seq = 0
+        self.last_ts = 0.0
+        self.rows = 0
+        self.max_seq = 0
+        self.damage: Damage | None = None
+
+    def __iter__(self) -> Iterator[Record]:
+        limit = self.limits.record_limit
+        expected = 1
+        it = iter(self._rows)
+        for seq_col, raw in it:
+            if not isinstance(raw, bytes):
+                raw = bytes(raw)
+            self.rows += 1
+            self.max_seq = seq_col
+            if len(raw) > limit:
+                raise CorruptLog(
+                    f"{self.where}: the record in row seq {seq_col} is {len(raw)} bytes, over the record "
+                    f"limit of {limit} bytes",
+                    path=self.where, offset=self.count,
+                )
+            try:
+                record = decode_row(raw)
+            except RecordError as exc:
+                self._fail(it, raw, None, f"row seq {seq_col} does not decode: {exc.reason}")
+                return
+            if record.seq != expected or seq_col != expected:
+                if seq_col != record.seq:
+                    reason = f"row seq {seq_col} holds a record with seq {record.seq}"
+                else:
+                    reason = f"seq {record.seq} where {expected} was expected"
+                self._fail(it, raw, record, reason)
+                return
+            if expected == 1:
+                check_header(record, self.session_id, self.where)
+            expected += 1
+            self.count += 1
+            self.last_seq = record.seq
+            self.last_ts = record.ts
+            yield record
+
+    def _fail(self, it: Iterator[tuple[int, bytes]], raw: bytes, first: Record | None, reason: str) -> None:
+        if self.count == 0:
+            raise CorruptLog(
+                f"{self.where}: not a session log: its first row is not a session/start header ({reason})",
+                path=self.where, offset=0,
+            )
+        length = len(raw)
+        decoded = [first.seq] if first is not None else []
+        limit = self.limits.record_limit
+        for seq_col, rest in it:
+            self.rows += 1
+            self.max_seq = seq_col
+            length += len(rest)
+            if len(rest) > limit:
+                continue
+            try:
+                decoded.append(decode_row(rest if isinstance(rest, bytes) else bytes(rest)).seq)
+            except RecordError:
+                pass
+        if first is not None:
+            kind = DamageKind.SEQ_BREAK
+        else:
+            kind = DamageKind.MID_LOG if decoded else DamageKind.CORRUPT
+        self.damage = Damage(
+            kind=kind,
+            offset=self.count,
+            length=length,
+            records_after=len(decoded),
+            reason=reason,
+            dropped_seqs=(decoded[0], decoded[-1]) if decoded else None,
+        )
+
+
+# --- the session handle ------------------------------------------------------------------
+
+
+class SqlSession:
+    """The single writer of one session, for as long as it is open.
+
+    Holds the session's ownership lock and one database connection; appends run on that
+    connection at driver level. After a failed append the handle is unusable (open a new
+    one); a handle is unusable after ``fork``."""
+
+    def __init__(self, store: SqlStore, session_id: str, *, timeout: float, repair: bool = False) -> None:
+        self.store = store
+        self.session_id = session_id
+        self._kind = store.kind
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._failed: str | None = None
+        self._closed = True
+        conn = store._connect()
+        try:
+            owner = self._kind.ownership(session_id, conn)
+            owner.acquire(timeout)
+            try:
+                if repair:
+                    report = store._repair_locked(conn, session_id, force=False)
+                    if report.status == "refused":
+                        damage = report.damage
+                        raise CorruptLog(
+                            f"{store._where(session_id)}: {report.reason}",
+                            path=store._where(session_id),
+                            offset=damage.offset if damage else None,
+                            kind=str(damage.kind) if damage else None,
+                        )
+                self._last_seq = store._check_tail(conn, session_id)
+            except BaseException:
+                owner.release()
+                raise
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._owner = owner
+        self._dbapi = conn.connection.driver_connection
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the session's last durable record (as of this handle's last append)."""
+        return self._last_seq
+
+    def append(self, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None) -> int:
+        """Append ``events`` as one transaction; returns the last seq assigned.
+
+        Durable on return (committed with the durability settings the store enforces).
+        Raises SequenceConflict when ``expect_seq`` is not the session's last seq,
+        InvalidEvent for an event over the limits (before anything is written),
+        AppendFailed when the batch was not committed (``outcome_unknown=True`` when the
+        error came during COMMIT: read the tail before appending it again); after an
+        AppendFailed this handle is closed for appends."""
+        batch = events_list(events)
+        with self._mutex:
+            self._check_usable()
+            kind, store, sid = self._kind, self.store, self.session_id
+            if not batch:
+                try:
+                    last = kind.read_tail(self._dbapi, sid)
+                except SessionLogError:
+                    raise
+                except Exception as exc:
+                    raise IOFailure(f"{store._where(sid)}: reading the tail failed: {driver_error(exc)}") from exc
+                self._last_seq = last
+                if expect_seq is not None and expect_seq != last:
+                    raise SequenceConflict(
+                        f"{store._where(sid)}: expected last seq {expect_seq}, found {last}",
+                        expected=expect_seq, found=last,
+                    )
+                return last
+            assumed = self._last_seq if expect_seq is None else expect_seq
+            lines = store.encode_batch(batch, assumed + 1)
+
+            def encode(first_seq: int) -> list[bytes]:
+                return store.encode_batch(batch, first_seq)
+
+            attempt = 0
+            while True:
+                try:
+                    last = kind.append_once(self._dbapi, sid, lines, assumed, expect_seq, encode)
+                    break
+                except AppendFailed as exc:
+                    self._failed = str(exc)
+                    raise
+                except (SequenceConflict, SessionNotFound, InvalidEvent):
+                    raise
+                except BaseException as exc:
+                    attempt += 1
+                    if isinstance(exc, Exception) and attempt < MAX_ATTEMPTS and kind.retryable(exc):
+                        time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                        continue
+                    self._failed = repr(driver_error(exc))
+                    raise AppendFailed(
+                        f"{store._where(sid)}: append failed and was rolled back "
+                        f"(after {attempt} attempt(s)): {driver_error(exc)!r}"
+                    ) from exc
+            self._last_seq = last
+            return last
+
+    def _check_usable(self) -> None:
+        where = self.store._where(self.session_id)
+        if self._failed is not None:
+            raise StoreClosed(f"{where}: this handle failed earlier ({self._failed}); open a new one")
+        if self._closed or os.getpid() != self._pid:
+            raise StoreClosed(f"{where}: session handle is closed")
+
+    def records(self, after_seq: int = 0) -> Iterator[Record]:
+        """Stream the session's records with seq > ``after_seq``."""
+        return self.store.read(self.session_id, after_seq)
+
+    def close(self) -> None:
+        """Release the ownership lock and the connection. Never raises over an exception
+        already in flight; after ``fork`` the child leaves the parent's lock alone."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return
+        try:
+            self._owner.release()
+        finally:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+
+    def __enter__(self) -> SqlSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- the store ---------------------------------------------------------------------------
+
+
+class SqlStore:
+    """Sessions in a SQL database (SQLite file or PostgreSQL); see the module docstring.
+
+    Options: ``limits`` (record and batch limits), ``lock_timeout`` (seconds a one-shot
+    append or a delete waits for the session's owner), ``busy_timeout`` (SQLite: seconds
+    a transaction waits for the database's write lock), ``synchronous`` (SQLite: FULL or
+    EXTRA; anything weaker is refused), ``engine_options`` (passed to
+    ``sqlalchemy.create_engine``). Raises DurabilityRefused, UnsupportedFormat (a newer
+    schema), IOFailure (the database cannot be reached)."""
+
+    atomic_batches = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        lock_timeout: float = 10.0,
+        busy_timeout: float = 5.0,
+        synchronous: str = "FULL",
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        from sessionlog import InvalidStoreUrl
+
+        self.url = url
+        self.limits = limits
+        self.lock_timeout = lock_timeout
+        self._closed = False
+        self._pid = os.getpid()
+        try:
+            sa_url = sa.make_url(url)
+        except sa.exc.ArgumentError as exc:
+            raise InvalidStoreUrl(f"{url!r}: not a database URL ({exc})") from None
+        self.display_url = sa_url.render_as_string(hide_password=True)
+        backend, driver = sa_url.get_backend_name(), sa_url.get_driver_name()
+        options = dict(engine_options or {})
+        if backend == "sqlite" and driver in ("pysqlite", ""):
+            self.schema = build_schema(None)
+            self.kind: EngineKind = SqliteKind(
+                sa_url, self.schema, where=self.display_url, busy_timeout=busy_timeout,
+                synchronous=synchronous, engine_options=options,
+            )
+        elif backend == "postgresql" and driver in ("psycopg", "psycopg2", ""):
+            if driver != "psycopg":
+                sa_url = sa_url.set(drivername="postgresql+psycopg")
+            namespace = sa_url.query.get("schema")
+            if isinstance(namespace, tuple):
+                namespace = namespace[-1]
+            if namespace is not None and not _NAMESPACE.fullmatch(namespace):
+                raise InvalidStoreUrl(f"{url!r}: schema {namespace!r} is not a plain SQL identifier")
+            sa_url = sa_url.difference_update_query(["schema"])
+            self.schema = build_schema(namespace)
+            self.kind = PostgresKind(
+                sa_url, self.schema, where=self.display_url, namespace=namespace or "public", engine_options=options,
+            )
+        else:
+            raise InvalidStoreUrl(
+                f"{url!r}: the SQL backend takes sqlite:///FILE or postgresql+psycopg://... URLs"
+            )
+        self.engine = self.kind.engine
+        try:
+            self._ensure_schema()
+        except BaseException:
+            self.engine.dispose()
+            raise
+        tables = self.schema
+        self._q_read = (
+            sa.select(tables.records.c.seq, tables.records.c.record)
+            .where(tables.records.c.session_id == sa.bindparam("sid"), tables.records.c.seq > sa.bindparam("after"))
+            .order_by(tables.records.c.seq)
+            .limit(READ_CHUNK)
+        )
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _where(self, session_id: str) -> str:
+        return f"{self.display_url} session {session_id!r}"
+
+    def _connect(self) -> sa.Connection:
+        if self._closed:
+            raise StoreClosed(f"{self.display_url}: store is closed")
+        if os.getpid() != self._pid:
+            # A forked child must not share its parent's pooled connections.
+            self.engine.dispose(close=False)
+            self._pid = os.getpid()
+        try:
+            return self.engine.connect()
+        except SessionLogError:
+            raise
+        except sa.exc.SQLAlchemyError as exc:
+            cause = driver_error(exc)
+            if isinstance(cause, SessionLogError):
+                raise cause from None
+            raise IOFailure(f"{self.display_url}: cannot connect: {cause}") from exc
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Chain driver errors into IOFailure (SessionLogErrors pass through)."""
+        try:
+            yield
+        except SessionLogError:
+            raise
+        except (sa.exc.SQLAlchemyError, OSError) as exc:
+            cause = driver_error(exc)
+            if isinstance(cause, SessionLogError):
+                raise cause from None
+            raise IOFailure(f"{self.display_url}: {what} failed: {cause}") from exc
+        except Exception as exc:
+            module = type(exc).__module__.partition(".")[0]
+            if module in ("sqlite3", "psycopg", "_sqlite3"):
+                raise IOFailure(f"{self.display_url}: {what} failed: {exc}") from exc
+            raise
+
+    @contextmanager
+    def _write(self, conn: sa.Connection) -> Iterator[sa.Connection]:
+        """A write transaction (SQLite: BEGIN IMMEDIATE). An error during COMMIT is
+        AppendFailed with an unknown outcome."""
+        conn.execution_options(sessionlog_write=True)
+        try:
+            trans = conn.begin()
+        finally:
+            conn.execution_options(sessionlog_write=False)
+        try:
+            yield conn
+        except BaseException:
+            try:
+                trans.rollback()
+            except Exception:
+                pass
+            raise
+        try:
+            trans.commit()  # after this the transaction survives power loss
+        except BaseException as exc:
+            raise AppendFailed(
+                f"{self.display_url}: the commit failed ({driver_error(exc)!r}); the outcome is unknown: "
+                "scan before writing again",
+                outcome_unknown=True,
+            ) from exc
+
+    def _ensure_schema(self) -> None:
+        with self._errors("creating the tables"), self._connect() as conn, self._write(conn):
+            if isinstance(self.kind, PostgresKind):
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK_KEY})
+                if self.schema.namespace is not None:
+                    conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema.namespace}"'))
+            self.schema.metadata.create_all(conn)
+            check_version(conn, self.schema, self.display_url)
+
+    def _check_id(self, session_id: str) -> None:
+        if not valid_session_id(session_id):
+            raise InvalidSessionId(
+                f"invalid session id {session_id!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}, no '..'"
+            )
+        if self._closed:
+            raise StoreClosed(f"{self.display_url}: store is closed")
+
+    def _insert_ignore(self, table: sa.Table) -> Any:
+        dialect = pg_dialect if isinstance(self.kind, PostgresKind) else sqlite_dialect
+        return dialect.insert(table).on_conflict_do_nothing()
+
+    def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[bytes]:
+        """Record lines for ``events`` with seq from ``first_seq``; enforces the record and
+        batch limits (InvalidEvent)."""
+        lines = []
+        limit = self.limits.record_limit
+        size = 0
+        for i, event in enumerate(events):
+            try:
+                line = encode_record(event, first_seq + i)
+            except RecordError as exc:
+                raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
+            if len(line) > limit:
+                raise InvalidEvent(f"event {i} of the batch is {len(line)} bytes, over the record limit of {limit}")
+            size += len(line) + 1
+            lines.append(line)
+        if size > self.limits.batch_limit:
+            raise InvalidEvent(
+                f"batch of {size} bytes exceeds the batch limit of {self.limits.batch_limit} bytes; split it"
+            )
+        return lines
+
+    # -- creating and listing -------------------------------------------------------------
+
+    def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
+        """Publish a new session: header (seq 1) and ``events`` in one transaction, durable
+        on return. Raises SessionExists, InvalidSessionId, InvalidEvent."""
+        self._check_id(session_id)
+        lines = self.encode_batch([header_event(session_id), *events_list(events)], 1)
+        records = self.schema.records
+        with self._errors("create"), self._connect() as conn, self._write(conn):
+            self._insert_session(conn, session_id)
+            conn.execute(records.insert(), [
+                {"session_id": session_id, "seq": i, "record": line} for i, line in enumerate(lines, 1)
+            ])
+        return len(lines)
+
+    def _insert_session(self, conn: sa.Connection, session_id: str) -> None:
+        sessions = self.schema.sessions
+        done = conn.execute(
+            self._insert_ignore(sessions).values(session_id=session_id, created_at=time.time())
+            .returning(sessions.c.session_id)
+        ).first()
+        if done is None:
+            raise SessionExists(f"{self._where(session_id)}: session {session_id!r} already exists")
+
+    def import_session(self, session_id: str, records: Iterable[Record]) -> int:
+        """Publish a new session of exactly ``records`` (bytes verbatim), all or nothing, in
+        one transaction. Raises SessionExists, InvalidEvent (not this session's header, a
+        gap, a record that does not decode or spans lines)."""
+        self._check_id(session_id)
+        check = ImportCheck(session_id)
+        table = self.schema.records
+        with self._errors("import"), self._connect() as conn, self._write(conn):
+            self._insert_session(conn, session_id)
+            chunk: list[dict[str, Any]] = []
+            for record in records:
+                raw = bytes(record.raw)
+                try:
+                    decoded = decode_row(raw)
+                except RecordError as exc:
+                    raise InvalidEvent(f"import of {session_id!r}: record {check.last_seq + 1}: {exc.reason}") from None
+                check(decoded)
+                chunk.append({"session_id": session_id, "seq": decoded.seq, "record": raw})
+                if len(chunk) >= READ_CHUNK:
+                    conn.execute(table.insert(), chunk)
+                    chunk = []
+            if chunk:
+                conn.execute(table.insert(), chunk)
+            if check.last_seq == 0:
+                raise InvalidEvent(f"import of {session_id!r}: no records")
+        return check.last_seq
+
+    def sessions(self) -> list[str]:
+        """The ids of every session in the database, sorted."""
+        if self._closed:
+            raise StoreClosed(f"{self.display_url}: store is closed")
+        sessions = self.schema.sessions
+        with self._errors("listing sessions"), self._connect() as conn:
+            ids = conn.execute(sa.select(sessions.c.session_id)).scalars().all()
+        return sorted(ids)
+
+    def delete(self, session_id: str) -> None:
+        """Remove the session, its rows and its quarantined rows in one transaction
+        (waits up to ``lock_timeout`` for its owner: SessionLocked). Raises SessionNotFound."""
+        self._check_id(session_id)
+        t = self.schema
+        with self._errors("delete"), self._connect() as conn:
+            owner = self.kind.ownership(session_id, conn)
+            owner.acquire(self.lock_timeout)
+            try:
+                with self._write(conn):
+                    gone = conn.execute(
+                        t.sessions.delete().where(t.sessions.c.session_id == session_id).returning(t.sessions.c.session_id)
+                    ).first()
+                    if gone is None:
+                        raise SessionNotFound(f"{self._where(session_id)}: no such session")
+                    conn.execute(t.records.delete().where(t.records.c.session_id == session_id))
+                    conn.execute(t.quarantine.delete().where(t.quarantine.c.session_id == session_id))
+            finally:
+                owner.release()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def session(
+        self, session_id: str, *, repair: bool = False, create: bool = False, timeout: float = 0.0
+    ) -> SqlSession:
+        """Own the session until the handle is closed (SessionLocked if another writer
+        does, after waiting up to ``timeout``).
+
+        ``create=True`` creates the session first if it does not exist; ``repair=True``
+        repairs a damaged tail and closes an open transcript first, holding the lock
+        throughout (never with force: CorruptLog when the damage needs it). Without
+        ``repair`` a damaged tail is CorruptLog."""
+        self._check_id(session_id)
+        if create:
+            try:
+                self.create(session_id)
+            except SessionExists:
+                pass
+        with self._errors("opening the session"):
+            return SqlSession(self, session_id, timeout=timeout, repair=repair)
+
+    def append(
+        self, session_id: str, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None
+    ) -> int:
+        """One-shot durable append: owns the session for this call (waiting up to
+        ``lock_timeout``: SessionLocked), then appends as :meth:`SqlSession.append`."""
+        self._check_id(session_id)
+        batch = events_list(events)
+        with self.session(session_id, timeout=self.lock_timeout) as handle:
+            return handle.append(batch, expect_seq=expect_seq)
+
+    def _check_tail(self, conn: sa.Connection, session_id: str) -> int:
+        """Under the ownership lock: the header, the last row and the row count agree;
+        returns the last seq. A damaged session is CorruptLog (with the damage's kind)."""
+        t = self.schema.records
+        s = self.schema.sessions
+        where = self._where(session_id)
+        with conn.begin():
+            if conn.execute(sa.select(s.c.session_id).where(s.c.session_id == session_id)).first() is None:
+                raise SessionNotFound(f"{where}: no such session")
+            header = conn.execute(
+                sa.select(t.c.record).where(t.c.session_id == session_id, t.c.seq == 1)
+            ).scalar()
+            tail = conn.execute(
+                sa.select(t.c.seq, t.c.record).where(t.c.session_id == session_id).order_by(t.c.seq.desc()).limit(1)
+            ).first()
+            rows = conn.execute(sa.select(sa.func.count()).where(t.c.session_id == session_id)).scalar()
+        if header is not None and tail is not None:
+            try:
+                first = decode_row(bytes(header))
+                check_header(first, session_id, where)
+                last = decode_row(bytes(tail[1]))
+            except RecordError:
+                pass
+            else:
+                if last.seq == tail[0] == rows and len(tail[1]) <= self.limits.record_limit:
+                    return int(rows)
+        # Something is off: the full scan says what (or raises for a non-session).
+        scan, _ = self._scan(session_id, owned=False, conn=conn)
+        damage = scan.damage
+        if damage is None:
+            return scan.last_seq
+        raise CorruptLog(
+            f"{where}: the log is damaged ({damage.kind} at row {damage.offset}: {damage.reason}); "
+            "repair it first (store.repair, or session(..., repair=True))",
+            path=where, offset=damage.offset, kind=str(damage.kind),
+        )
+
+    # -- reading --------------------------------------------------------------------------
+
+    def scan(self, session_id: str) -> ScanResult:
+        """Validate every record of the session (never writes, never creates a lock file).
+        Raises SessionNotFound, CorruptLog (not a session log), UnsupportedFormat."""
+        self._check_id(session_id)
+        with self._errors("scan"):
+            owned = self.kind.owned(session_id)
+            return self._scan(session_id, owned=owned)[0]
+
+    def _scan(self, session_id: str, *, owned: bool, conn: sa.Connection | None = None) -> tuple[ScanResult, _Tail]:
+        t = self.schema
+        where = self._where(session_id)
+        tracker = PendingCalls()
+        named: set[str] = set()
+        tail = _Tail()
+        with self._reading(conn) as c:
+            if c.execute(sa.select(t.sessions.c.session_id).where(t.sessions.c.session_id == session_id)).first() is None:
+                raise SessionNotFound(f"{where}: no such session")
+            result = c.execute(
+                sa.select(t.records.c.seq, t.records.c.record)
+                .where(t.records.c.session_id == session_id)
+                .order_by(t.records.c.seq)
+                .execution_options(yield_per=READ_CHUNK)
+            )
+            rows = RowScan(result.tuples(), session_id=session_id, where=where, limits=self.limits)
+            try:
+                for record in rows:
+                    tracker.feed(record)
+                    if record.type == LOG_TRUNCATED:
+                        q = record.view(TruncatedView).quarantine
+                        if isinstance(q, str):
+                            named.add(q)
+            finally:
+                result.close()
+            for name, size in c.execute(
+                sa.select(t.quarantine.c.name, sa.func.sum(sa.func.length(t.quarantine.c.record)))
+                .where(t.quarantine.c.session_id == session_id)
+                .group_by(t.quarantine.c.name)
+                .order_by(t.quarantine.c.name)
+            ):
+                tail.quarantines[name] = int(size or 0)
+        tail.rows, tail.max_seq = rows.rows, rows.max_seq
+        scan = ScanResult(
+            session=session_id,
+            path=None,
+            record_count=rows.count,
+            last_seq=rows.last_seq,
+            last_ts=rows.last_ts,
+            stable_offset=rows.count,
+            damage=rows.damage,
+            open_turn=tracker.open_turn,
+            open_step=tracker.open_step,
+            unanswered_calls=[c.call_id for c in tracker.unanswered()],
+            owned=owned,
+            unmarked_quarantines=[q for q in tail.quarantines if q not in named],
+            tracker=tracker,
+            _load=lambda: list(self.read(session_id)),
+        )
+        return scan, tail
+
+    @contextmanager
+    def _reading(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        """One read transaction (a snapshot: SQLite BEGIN in WAL mode, PostgreSQL
+        REPEATABLE READ) on ``conn`` or a pooled connection."""
+        if conn is None:
+            with self._connect() as own, self._reading(own) as c:
+                yield c
+            return
+        if isinstance(self.kind, PostgresKind):
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            if isinstance(self.kind, PostgresKind):
+                conn.execution_options(isolation_level="READ COMMITTED")
+
+    def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
+        """Stream the valid prefix's records with seq > ``after_seq``, a chunk of rows per
+        round trip (memory stays bounded; no transaction is held between chunks).
+
+        Each record is validated as it is read and the stream stops at the first damaged
+        row. Raises SequenceConflict when ``after_seq`` lies beyond the prefix's last
+        record (the reader saw records that are no longer there), SessionNotFound,
+        CorruptLog (not a session log). With ``after_seq > 0`` the rows up to it are
+        trusted when the row at ``after_seq`` is intact (``scan`` checks them all)."""
+        self._check_id(session_id)
+        return self._read(session_id, max(0, after_seq))
+
+    def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
+        where = self._where(session_id)
+        t = self.schema
+        with self._errors("read"):
+            if after_seq > 0:
+                with self._connect() as conn:
+                    raw = conn.execute(
+                        sa.select(t.records.c.record).where(
+                            t.records.c.session_id == session_id, t.records.c.seq == after_seq
+                        )
+                    ).scalar()
+                    conn.commit()
+                intact = False
+                if raw is not None:
+                    try:
+                        intact = decode_row(bytes(raw)).seq == after_seq
+                    except RecordError:
+                        intact = False
+                if not intact:
+                    scan, _ = self._scan(session_id, owned=False)
+                    if after_seq > scan.last_seq:
+                        raise SequenceConflict(
+                            f"{where}: read after seq {after_seq}, but the log ends at seq {scan.last_seq}",
+                            expected=after_seq, found=scan.last_seq,
+                        )
+            expected = after_seq + 1
+            limit = self.limits.record_limit
+            while True:
+                with self._connect() as conn:
+                    chunk = conn.execute(self._q_read, {"sid": session_id, "after": expected - 1}).all()
+                    conn.commit()
+                if not chunk and expected == 1:
+                    s = t.sessions
+                    with self._connect() as conn:
+                        found = conn.execute(sa.select(s.c.session_id).where(s.c.session_id == session_id)).first()
+                    if found is None:
+                        raise SessionNotFound(f"{where}: no such session")
+                    raise CorruptLog(f"{where}: not a session log: it has no rows", path=where, offset=0)
+                for seq_col, raw in chunk:
+                    raw = bytes(raw)
+                    if len(raw) > limit:
+                        raise CorruptLog(
+                            f"{where}: the record in row seq {seq_col} is over the record limit of {limit} bytes",
+                            path=where, offset=expected - 1,
+                        )
+                    try:
+                        record = decode_row(raw)
+                    except RecordError:
+                        if expected == 1:
+                            raise CorruptLog(f"{where}: not a session log: its first row does not decode",
+                                             path=where, offset=0) from None
+                        return
+                    if record.seq != expected or seq_col != expected:
+                        if expected == 1:
+                            raise CorruptLog(f"{where}: not a session log: its first row is seq {seq_col}",
+                                             path=where, offset=0)
+                        return
+                    if expected == 1:
+                        check_header(record, session_id, where)
+                    expected += 1
+                    yield record
+                if len(chunk) < READ_CHUNK:
+                    return
+
+    # -- repair ---------------------------------------------------------------------------
+
+    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
+        """Quarantine rows after damage and close the open transcript, in one transaction
+        conditional on the rows scanned, under the ownership lock (SessionLocked while a
+        writer owns the session).
+
+        ``mid-log`` and ``seq-break`` are refused (status "refused") unless ``force``;
+        with ``force`` the rows after the break move to ``sessionlog_quarantine``. A
+        second repair appends nothing. ``dry_run`` reports without writing or locking."""
+        self._check_id(session_id)
+        with self._errors("repair"):
+            if dry_run:
+                if self.kind.owned(session_id):
+                    return RepairReport(session_id, None, "refused", reason="a writer owns the session")
+                scan, tail = self._scan(session_id, owned=False)
+                return self._repair_plan(scan, tail, force=force)
+            with self._connect() as conn:
+                owner = self.kind.ownership(session_id, conn)
+                owner.acquire(0.0)
+                try:
+                    return self._repair_locked(conn, session_id, force=force)
+                finally:
+                    owner.release()
+
+    def _repair_plan(self, scan: ScanResult, tail: _Tail, *, force: bool) -> RepairReport:
+        damage = scan.damage
+        report = RepairReport(scan.session, None, "clean", damage=damage)
+        if damage is not None and damage.kind.needs_force and not force:
+            report.status = "refused"
+            report.reason = (
+                f"{damage.kind} at row {damage.offset} ({damage.reason}); "
+                f"{damage.records_after} decodable record(s) after it may be acknowledged history: "
+                "repair with force to cut it"
+            )
+            return report
+        events: list[dict[str, Any]] = []
+        for name in scan.unmarked_quarantines:
+            # Names are <id>.<offset>.<kind>.<stamp>.quarantine (sessionlog.durable.quarantine_name).
+            parts = name[len(scan.session) + 1 :].split(".")
+            offset_text, reason = parts[0], parts[1] if len(parts) > 2 else "unknown"
+            events.append(truncation_marker(
+                offset=int(offset_text) if offset_text.isdigit() else 0,
+                dropped_bytes=tail.quarantines.get(name, 0), reason=reason, quarantine=name, ts=scan.last_ts,
+            ))
+        if damage is not None:
+            name = quarantine_name(scan.session, damage.offset, str(damage.kind))
+            events.append(truncation_marker(
+                offset=damage.offset, dropped_bytes=damage.length, reason=str(damage.kind),
+                quarantine=name, ts=scan.last_ts, dropped_seqs=damage.dropped_seqs,
+            ))
+            report.truncated_bytes = damage.length
+            report.quarantine = name
+        events.extend(crash_plan(scan.tracker))
+        if not events:
+            return report
+        report.status = "repaired"
+        report.reason = str(damage.kind) if damage is not None else "open transcript"
+        lines = self.encode_batch(events, scan.last_seq + 1)
+        report.appended = [Record.from_line(line) for line in lines]
+        return report
+
+    def _repair_locked(self, conn: sa.Connection, session_id: str, *, force: bool) -> RepairReport:
+        scan, tail = self._scan(session_id, owned=False, conn=conn)
+        report = self._repair_plan(scan, tail, force=force)
+        if report.status != "repaired":
+            return report
+        t = self.schema
+        records = t.records
+        mine = records.c.session_id == session_id
+        with self._write(conn):
+            if not self.kind.lock_row(conn, session_id):
+                raise SessionNotFound(f"{self._where(session_id)}: session was deleted")
+            rows, max_seq = conn.execute(sa.select(sa.func.count(), sa.func.max(records.c.seq)).where(mine)).one()
+            if (rows, max_seq or 0) != (tail.rows, tail.max_seq):
+                raise SequenceConflict(
+                    f"{self._where(session_id)}: the session changed since it was scanned "
+                    f"({tail.rows} rows to seq {tail.max_seq}, now {rows} rows to seq {max_seq}); repair again",
+                    expected=tail.max_seq, found=int(max_seq or 0),
+                )
+            if scan.damage is not None:
+                # The rows after the break move to the quarantine table, in the same
+                # transaction as the marker that names them: never deleted outright.
+                moved = sa.select(
+                    sa.literal(report.quarantine, sa.String).label("name"), records.c.seq, records.c.session_id,
+                    records.c.record, sa.literal(time.time(), sa.Float).label("moved_at"),
+                ).where(mine, records.c.seq > scan.last_seq)
+                conn.execute(t.quarantine.insert().from_select(
+                    ["name", "seq", "session_id", "record", "moved_at"], moved
+                ))
+                conn.execute(records.delete().where(mine, records.c.seq > scan.last_seq))
+            conn.execute(records.insert(), [
+                {"session_id": session_id, "seq": r.seq, "record": r.raw} for r in report.appended
+            ])
+        return report
+
+    def quarantined(self, session_id: str, name: str | None = None) -> list[tuple[str, int, bytes]]:
+        """The rows forced repairs moved out of the session: ``(quarantine name, seq column,
+        bytes)``, oldest repair first."""
+        self._check_id(session_id)
+        q = self.schema.quarantine
+        stmt = sa.select(q.c.name, q.c.seq, q.c.record).where(q.c.session_id == session_id)
+        if name is not None:
+            stmt = stmt.where(q.c.name == name)
+        with self._errors("reading the quarantine"), self._connect() as conn:
+            return [(n, int(s), bytes(r)) for n, s, r in conn.execute(stmt.order_by(q.c.moved_at, q.c.name, q.c.seq))]
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the store: its pooled connections are closed; later calls raise StoreClosed."""
+        if not self._closed:
+            self._closed = True
+            if os.getpid() == self._pid:
+                self.engine.dispose()
+
+    def __enter__(self) -> SqlStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_url(url: str, **options: Any) -> SqlStore:
+    """``sqlite:///FILE`` or ``postgresql+psycopg://USER@HOST/DB[?schema=NAME]``; options as
+    :class:`SqlStore`."""
+    return SqlStore(url, **options)

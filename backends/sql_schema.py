@@ -1,0 +1,107 @@
+"""The SQL backend's tables and their schema version (DESIGN.md section 4).
+
+Pinned by the design: tables prefixed ``sessionlog_``; one row per record holding its
+exact bytes; primary key ``(session_id, seq)``. The rest is this backend's own:
+
+``sessionlog_meta``        key/value; ``schema_version`` says which layout the database has.
+``sessionlog_sessions``    one row per session: what ``sessions()`` lists and what an append
+                           locks (``SELECT ... FOR UPDATE``) on PostgreSQL.
+``sessionlog_records``     ``(session_id, seq, record)``: the record's bytes, verbatim.
+``sessionlog_quarantine``  rows that a forced repair moved out of a session, under the name
+                           its ``log/truncated`` marker gives; never deleted by repair.
+
+Tables are created on first use, under a lock (SQLite's write lock, a PostgreSQL advisory
+lock) so that many processes opening a new database at once do not race.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import sqlalchemy as sa
+
+from sessionlog.contract import UnsupportedFormat
+
+SCHEMA_VERSION: Final = 1
+"""The table layout this version writes. A database with a higher version is refused
+(:class:`UnsupportedFormat`); a lower one would be migrated here."""
+
+PREFIX: Final = "sessionlog_"
+
+SESSION_ID_LENGTH: Final = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """The tables of one store, optionally inside a PostgreSQL schema (namespace)."""
+
+    namespace: str | None
+    metadata: sa.MetaData
+    meta: sa.Table
+    sessions: sa.Table
+    records: sa.Table
+    quarantine: sa.Table
+
+    def qualified(self, table: sa.Table) -> str:
+        """The table's name for hand-written (driver-level) SQL, quoted where needed."""
+        if self.namespace is None:
+            return table.name
+        return f'"{self.namespace}".{table.name}'
+
+
+def build_schema(namespace: str | None = None) -> Schema:
+    """The table definitions, in ``namespace`` (a PostgreSQL schema) when given."""
+    md = sa.MetaData(schema=namespace)
+    meta = sa.Table(
+        PREFIX + "meta",
+        md,
+        sa.Column("key", sa.String(64), primary_key=True),
+        sa.Column("value", sa.Text, nullable=False),
+    )
+    sessions = sa.Table(
+        PREFIX + "sessions",
+        md,
+        sa.Column("session_id", sa.String(SESSION_ID_LENGTH), primary_key=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+    )
+    records = sa.Table(
+        PREFIX + "records",
+        md,
+        sa.Column("session_id", sa.String(SESSION_ID_LENGTH), primary_key=True),
+        sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("record", sa.LargeBinary, nullable=False),
+        # Rows of one session are stored together, in seq order (clustered on SQLite).
+        sqlite_with_rowid=False,
+    )
+    quarantine = sa.Table(
+        PREFIX + "quarantine",
+        md,
+        sa.Column("name", sa.String(255), primary_key=True),
+        sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("session_id", sa.String(SESSION_ID_LENGTH), nullable=False, index=True),
+        sa.Column("record", sa.LargeBinary, nullable=False),
+        sa.Column("moved_at", sa.Float, nullable=False),
+    )
+    return Schema(namespace, md, meta, sessions, records, quarantine)
+
+
+def check_version(conn: sa.Connection, schema: Schema, where: str) -> None:
+    """Record the schema version in a new database; refuse a newer one.
+
+    Runs inside the caller's write transaction, after the tables exist."""
+    meta = schema.meta
+    found = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).scalar()
+    if found is None:
+        conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+        return
+    try:
+        version = int(found)
+    except ValueError:
+        raise UnsupportedFormat(f"{where}: schema version {found!r} is not a number") from None
+    if version > SCHEMA_VERSION:
+        raise UnsupportedFormat(
+            f"{where}: the database has schema version {version}; this version of sessionlog "
+            f"reads version {SCHEMA_VERSION} (upgrade sessionlog)"
+        )
+    # version < SCHEMA_VERSION: no older layout exists yet; migrations go here.
