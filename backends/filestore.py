@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,6 +52,8 @@ from sessionlog.scan import DEFAULT_LIMITS, Limits
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 
 READ_CHUNK = 1 << 20
+# Where fsync/fdatasync (or F_FULLFSYNC) and flock give the guarantees DESIGN.md states.
+_DURABLE_PLATFORMS = ("linux", "darwin")
 
 
 class PrefixScanner(Protocol):
@@ -269,7 +272,13 @@ class FileStore:
         limits: Limits = DEFAULT_LIMITS,
         lock_timeout: float = 10.0,
         create_dir: bool = True,
+        unsafe: bool = False,
     ) -> None:
+        if not unsafe and sys.platform not in _DURABLE_PLATFORMS:
+            raise SessionLogError(
+                f"{directory}: sessionlog cannot promise durable appends on {sys.platform}; "
+                "pass unsafe=True to write anyway"
+            )
         self.directory = os.path.abspath(directory)
         self.framing = framing
         self.fs = fs

@@ -68,12 +68,12 @@ def _decode(line: bytes, where: str, offset: int, what: str) -> Record:
 
 
 def open_jsonl(directory: str, *, fs: FileSystem | None = None, limits: Limits = DEFAULT_LIMITS,
-               lock_timeout: float = 10.0, create_dir: bool = True) -> FileStore:
+               lock_timeout: float = 10.0, create_dir: bool = True, unsafe: bool = False) -> FileStore:
     """The JSONL store in ``directory`` (created 0700 if missing, unless ``create_dir`` is
     False: then nothing is written when the store is opened)."""
     kwargs = {} if fs is None else {"fs": fs}
     return FileStore(directory, JsonlFraming(), scheme="jsonl", limits=limits, lock_timeout=lock_timeout,
-                     create_dir=create_dir, **kwargs)
+                     create_dir=create_dir, unsafe=unsafe, **kwargs)
 
 
 def open_url(url: str, **options: object) -> FileStore:

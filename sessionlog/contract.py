@@ -78,6 +78,10 @@ class CorruptLog(SessionLogError):
 class UnsupportedFormat(SessionLogError):
     """The header names a ``format`` this version does not know; nothing is repaired."""
 
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
 
 class IOFailure(SessionLogError):
     """An operating-system or database error while reading or writing a store; the

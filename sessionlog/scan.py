@@ -46,7 +46,9 @@ def check_header(record: Record, session_id: str | None, where: str) -> None:
     fields = record.to_dict()
     fmt = fields.get("format")
     if fmt != FORMAT:
-        raise UnsupportedFormat(f"{where}: format {fmt!r} is not supported (this version reads {FORMAT!r})")
+        raise UnsupportedFormat(
+            f"{where}: format {fmt!r} is not supported (this version reads {FORMAT!r})", path=where
+        )
     if session_id is not None and fields.get("session") != session_id:
         raise CorruptLog(
             f"{where}: not the log of session {session_id!r}: its header names {fields.get('session')!r}",
