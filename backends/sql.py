@@ -709,7 +709,7 @@ class SqlStore:
                 .order_by(t.records.c.seq)
                 .execution_options(yield_per=READ_CHUNK)
             )
-            rows = RowScan(result.tuples(), session_id=session_id, where=where, limits=self.limits)
+            rows = RowScan(result, session_id=session_id, where=where, limits=self.limits)
             try:
                 for record in rows:
                     tracker.feed(record)
