@@ -214,7 +214,8 @@ class StepScope:
             _attach(exc, failure)
 
     async def recover_async(self, exc: BaseException) -> None:
-        """Async :meth:`recover`; completes even if the task is cancelled meanwhile."""
+        """Async :meth:`recover`. Completes even if the task is cancelled meanwhile; such a
+        cancellation is noted on ``exc``, which is what propagates."""
 
         async def run() -> None:
             for _ in range(3):
@@ -232,11 +233,17 @@ class StepScope:
             raise SequenceConflict("the session kept moving while recovery tried to append",
                                    expected=self.last_seq or 0, found=-1)
 
-        try:
-            await _to_completion(run())
-        except BaseException as failure:  # noqa: BLE001 - attached to the original, never masks it
-            if failure is not exc:
-                _attach(exc, failure)
+        task = asyncio.ensure_future(run())
+        cancelled = await _settle(task)
+        failure = None if task.cancelled() else task.exception()
+        if task.cancelled():
+            failure = asyncio.CancelledError("recovery task cancelled")
+        if failure is not None and failure is not exc:
+            _attach(exc, failure)
+        if cancelled is not None and cancelled is not exc:
+            # The original failure is what propagates (context managers never mask it).
+            exc.add_note("sessionlog: the task was cancelled again while live step recovery "
+                         "was recording; recovery completed and the original failure propagates")
 
     def __enter__(self) -> StepScope:
         return self
@@ -255,22 +262,28 @@ class StepScope:
         return False
 
 
-async def _to_completion(coro: Awaitable[_T]) -> _T:
-    """Await ``coro`` as a task that a cancellation of the caller does not interrupt;
-    once it is done, re-raise the caller's cancellation (if any), else its outcome."""
-    task = asyncio.ensure_future(coro)
+async def _settle(task: asyncio.Future[Any]) -> asyncio.CancelledError | None:
+    """Wait until ``task`` is done, whatever happens to the caller; return the caller's
+    cancellation if one arrived meanwhile (the task is never cancelled by it)."""
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError as exc:
             if not task.done():
-                cancelled = exc  # the caller was cancelled: keep waiting, re-raise after
+                cancelled = exc
         except BaseException:
-            pass  # the task failed: task.result() below raises it
+            pass  # the task failed: its exception is read by the caller
+    return cancelled
+
+
+async def _to_completion(coro: Awaitable[_T]) -> _T:
+    """Await ``coro`` as a task that a cancellation of the caller does not interrupt;
+    once it is done, re-raise the caller's cancellation (if any), else its outcome."""
+    task = asyncio.ensure_future(coro)
+    cancelled = await _settle(task)
     if cancelled is not None:
-        failure = None if task.cancelled() else task.exception()
-        raise cancelled from failure
+        raise cancelled from (None if task.cancelled() else task.exception())
     return task.result()
 
 

@@ -317,3 +317,40 @@ def test_failure_at_any_point_of_a_step(data: st.DataObject) -> None:
         ends = [(r.type, r["status"]) for r in records if r.type in ("step/end", "turn/end")]
         assert ends == ([("step/end", status)] if fail_after >= 1 else []) + [("turn/end", status)]
         assert store.repair("s1").status == "clean"
+
+
+def test_a_second_cancellation_does_not_interrupt_recovery(store: sessionlog.EventStore) -> None:
+    class SlowAppend(AsyncHandle):
+        async def append(self, events: Any, *, expect_seq: int | None = None) -> int:
+            await asyncio.sleep(0.05)
+            return self.handle.append(events, expect_seq=expect_seq)
+
+    async def main(h: Any) -> None:
+        async def step() -> None:
+            try:
+                async with StepScope(h, turn="t1") as scope:
+                    await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1},
+                                              assistant("t1", 1, CALLS[:2])])
+                    await asyncio.sleep(10)
+            except BaseException as exc:
+                seen.append(exc)
+                raise
+
+        task = asyncio.create_task(step())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.sleep(0.01)  # recovery's append is in flight now
+        task.cancel()
+        await task
+
+    seen: list[BaseException] = []
+    with store.session("s1") as h, pytest.raises(asyncio.CancelledError):
+        asyncio.run(main(SlowAppend(h)))
+    (original,) = seen
+    assert isinstance(original, asyncio.CancelledError)
+    notes = getattr(original, "__notes__", [])
+    assert not any("could not record" in n for n in notes)
+    assert any("cancelled again" in n for n in notes)
+    assert tail(store)[-4:] == [("tool/result", "a", TOOL_NOT_STARTED), ("tool/result", "b", TOOL_NOT_STARTED),
+                                ("step/end", "aborted", None), ("turn/end", "aborted", None)]
+    assert_clean_after(store)
