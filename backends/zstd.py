@@ -73,7 +73,9 @@ class ZstdFraming:
 
     def __init__(self, level: int = DEFAULT_LEVEL, limits: Limits = DEFAULT_LIMITS) -> None:
         if not isinstance(level, int) or not -(1 << 17) <= level <= 22:
-            raise ValueError(f"zstd level {level!r} is not an integer in -131072..22")
+            from sessionlog import InvalidStoreUrl
+
+            raise InvalidStoreUrl(f"zstd level {level!r} is not an integer in -131072..22")
         self.level = level
         self.limits = limits
         self.frame_limits = FrameLimits.from_limits(limits)
@@ -403,7 +405,7 @@ def open_zstd(
 ) -> ZstdStore:
     """The Zstd store in ``directory`` (created 0700 if missing, unless ``create_dir``
     is False). ``level`` is the compression level of appended frames; reading accepts
-    any level. Raises ValueError for a bad level, IOFailure."""
+    any level. Raises InvalidStoreUrl for a bad level, IOFailure."""
     return ZstdStore(directory, ZstdFraming(level, limits), scheme="zstd", fs=fs or OS, limits=limits,
                      lock_timeout=lock_timeout, create_dir=create_dir)
 

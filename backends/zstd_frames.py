@@ -106,29 +106,29 @@ def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) 
         return Shape(pos, end, skippable=True)
     if head != ZSTD_MAGIC:
         return Broken(pos, "not a zstd frame (bad magic number)")
-    fhd_bytes = get(pos + 4, 1)
-    if not fhd_bytes:
+    header = get(pos + 4, 14)  # the longest frame header: descriptor, window, dictionary, size
+    if not header:
         return Broken(pos, "frame header cut short by EOF", torn=True)
-    fhd = fhd_bytes[0]
-    if fhd & 0x08:
-        return Broken(pos, "frame header reserved bit is set")
+    fhd = header[0]
+    if fhd & 0x18:  # reserved bit (must be 0); the unused bit, which no encoder sets
+        return Broken(pos, "frame header reserved or unused bit is set")
     fcs_flag, single, checksum, did_flag = fhd >> 6, fhd & 0x20, fhd & 0x04, fhd & 0x03
     fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
     did_len = (0, 1, 2, 4)[did_flag]
     wd_len = 0 if single else 1
-    fields = get(pos + 5, wd_len + did_len + fcs_len)
-    if len(fields) < wd_len + did_len + fcs_len:
+    header_len = 1 + wd_len + did_len + fcs_len
+    if len(header) < header_len:
         return Broken(pos, "frame header cut short by EOF", torn=True)
-    i = 0
+    i = 1
     window: int | None = None
     if not single:
-        window = window_size(fields[0])
-        i = 1
-    dict_id = int.from_bytes(fields[i : i + did_len], "little")
+        window = window_size(header[1])
+        i = 2
+    dict_id = int.from_bytes(header[i : i + did_len], "little")
     i += did_len
     content_size: int | None = None
     if fcs_len:
-        content_size = int.from_bytes(fields[i : i + fcs_len], "little") + (256 if fcs_len == 2 else 0)
+        content_size = int.from_bytes(header[i : i + fcs_len], "little") + (256 if fcs_len == 2 else 0)
     if window is not None and window > limits.window:
         return Broken(pos, f"frame window of {window} bytes exceeds the window limit of {limits.window}",
                       over_limit=True)
@@ -139,32 +139,30 @@ def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) 
         return Broken(pos, f"frame needs dictionary {dict_id}; session logs use none")
     if not checksum:
         return Broken(pos, "frame has no content checksum")
-    at = pos + 5 + wd_len + did_len + fcs_len
+    at = pos + 4 + header_len
     regenerated = 0
     while True:
         bh = get(at, 3)
-        if len(bh) < 3:
-            return Broken(pos, "block header cut short by EOF", torn=True)
-        word = int.from_bytes(bh, "little")
-        last, kind, size = word & 1, (word >> 1) & 3, word >> 3
+        if len(bh) < 3:  # also where a previous block's payload was cut short
+            return Broken(pos, "block cut short by EOF", torn=True)
+        word = bh[0] | bh[1] << 8 | bh[2] << 16
+        kind, size = (word >> 1) & 3, word >> 3
         if kind == 3:
             return Broken(pos, "reserved block type")
         if size > MAX_BLOCK:
             return Broken(pos, f"block of {size} bytes exceeds the 128 KiB block maximum")
-        payload = 1 if kind == 1 else size
-        regenerated += size if kind != 2 else 0
-        at += 3 + payload
+        if kind != 2:
+            regenerated += size
+        at += 4 if kind == 1 else 3 + size
         if at - pos > limits.frame:
             return Broken(pos, f"frame exceeds the frame limit of {limits.frame} bytes", over_limit=True)
-        if payload and len(get(at - 1, 1)) < 1:
-            return Broken(pos, "block cut short by EOF", torn=True)
-        if last:
+        if word & 1:
             break
     if content_size is not None and regenerated > content_size:
         return Broken(pos, "blocks hold more than the frame's content size")
     at += 4
-    if len(get(at - 1, 1)) < 1:
-        return Broken(pos, "content checksum cut short by EOF", torn=True)
+    if not get(at - 1, 1):
+        return Broken(pos, "block or content checksum cut short by EOF", torn=True)
     return Shape(pos, at, skippable=False, content_size=content_size)
 
 
@@ -228,6 +226,10 @@ def frame_records(
             expected_seq = Record.from_line(content[:nl] if nl >= 0 else content).seq
         except RecordError as exc:
             return [], None, f"record does not decode ({exc.reason})"
+    fast = _whole_records(content, expected_seq, limits.record_limit)
+    if fast is not None:
+        return fast, None, None
+    # Anything unusual: the JSONL scanner's rules say exactly what is wrong.
     lines = LineScan(_content_reader(content), session_id=None, where=where, expected_seq=expected_seq,
                      limits=limits)
     try:
@@ -240,6 +242,28 @@ def frame_records(
     if damage.kind is DamageKind.SEQ_BREAK:
         return records, damage, f"record {damage.reason}"
     return records, damage, f"frame content is not whole records ({damage.reason})"
+
+
+def _whole_records(content: bytes, expected_seq: int, record_limit: int) -> list[Record] | None:
+    """The records of content that is nothing but whole, decodable, contiguous records
+    within the record limit; None when anything is off (then LineScan classifies it)."""
+    lines = content.split(b"\n")
+    if lines.pop():
+        return None
+    records = []
+    from_line = Record.from_line
+    for line in lines:
+        if len(line) > record_limit:
+            return None
+        try:
+            record = from_line(line)
+        except RecordError:
+            return None
+        if record.seq != expected_seq:
+            return None
+        expected_seq += 1
+        records.append(record)
+    return records
 
 
 class ByteStream:
@@ -258,6 +282,9 @@ class ByteStream:
         return self.base + len(self.buf)
 
     def get(self, pos: int, n: int) -> bytes:
+        i = pos - self.base
+        if 0 <= i and i + n <= len(self.buf):
+            return self.buf[i : i + n]
         while self.end < pos + n and not self.eof:
             self._more()
         i = pos - self.base

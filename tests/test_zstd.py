@@ -1,0 +1,478 @@
+"""The Zstd backend: the frame format on disk, the frame scanner's damage rules, batch
+atomicity, limits against hostile files, interop with the zstd tool and python-zstandard."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sessionlog
+from sessionlog import AppendFailed, CorruptLog, DamageKind, InvalidEvent, InvalidStoreUrl, Limits
+from sessionlog.backends.zstd import ZstdFraming, compress_frame, open_zstd
+from sessionlog.backends.zstd_frames import FrameScan
+from sessionlog.convert import convert
+from sessionlog.durable import FileSystem
+from sessions import answered_exactly_once, batches, crashed_sessions
+
+EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
+    400 if os.environ.get("SESSIONLOG_SLOW") else 40
+)
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
+ZSTD_CLI = shutil.which("zstd")
+SKIPPABLE = (0x184D2A5A).to_bytes(4, "little")
+
+TURN = [
+    {"type": "turn/start", "turn": "t1"},
+    {"type": "user/message", "turn": "t1", "content": "list the files"},
+    {"type": "step/start", "turn": "t1", "step": 1},
+    {"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+     "tool_calls": [{"id": "c1", "name": "ls", "arguments": {"path": "."}}]},
+    {"type": "tool/call", "turn": "t1", "step": 1, "call_id": "c1", "name": "ls"},
+    {"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "a.txt\nb.txt", "is_error": False},
+    {"type": "runtime/custom", "nested": {"keep": [1, 2.5, None, "ü"]}, "extra": "verbatim"},
+    {"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+    {"type": "turn/end", "turn": "t1", "status": "completed"},
+]
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """The frames of a file, found by python-zstandard itself (not by our walker)."""
+    frames = []
+    while data:
+        obj = zstandard.ZstdDecompressor().decompressobj()
+        obj.decompress(data)
+        rest = obj.unused_data
+        frames.append(data[: len(data) - len(rest)])
+        data = rest
+    return frames
+
+
+def frame_content(frame: bytes) -> bytes:
+    return zstandard.ZstdDecompressor().decompress(frame)
+
+
+def scan(data: bytes, *, owned: bool = False, limits: Limits = Limits()) -> tuple[list[bytes], FrameScan]:
+    """Scan an in-memory log with the pure frame scanner."""
+    src = io.BytesIO(data)
+    scanner = FrameScan(src.read, session_id="s", where="<mem>", limits=limits, owned=owned)
+    return [r.raw for r in scanner], scanner
+
+
+def make_log(directory: str, parts: list[list[dict]], **options) -> bytes:
+    store = open_zstd(directory, **options)
+    store.create("s")
+    for batch in parts:
+        store.append("s", batch)
+    with open(os.path.join(directory, "s.jsonl.zst"), "rb") as f:
+        return f.read()
+
+
+@pytest.fixture
+def log(tmp_path) -> bytes:
+    """A session of nine one-record frames after the header frame."""
+    return make_log(str(tmp_path / "store"), [[e] for e in TURN])
+
+
+def records_of(frames: list[bytes]) -> list[bytes]:
+    return [line for f in frames for line in frame_content(f).splitlines()]
+
+
+# --- the format on disk ------------------------------------------------------------
+
+
+def test_each_batch_is_one_frame_with_content_size_and_checksum(tmp_path):
+    log = make_log(str(tmp_path), [TURN[:3], TURN[3:4], TURN[4:]])
+    frames = split_frames(log)
+    assert len(frames) == 4  # header frame + one per append
+    for frame in frames:
+        params = zstandard.get_frame_parameters(frame)
+        assert params.has_checksum
+        assert params.content_size == len(frame_content(frame))
+        assert frame_content(frame).endswith(b"\n")
+    assert [len(frame_content(f).splitlines()) for f in frames] == [1, 3, 1, 5]
+
+
+def test_frame_content_is_the_jsonl_backends_bytes(tmp_path):
+    """The same session, created by appends in JSONL, converted to Zstd: the frames'
+    contents concatenated are the JSONL file, byte for byte."""
+    jsonl = sessionlog.open_store(f"jsonl:{tmp_path / 'j'}")
+    jsonl.create("s")
+    for e in TURN:
+        jsonl.append("s", [e])
+    convert(f"jsonl:{tmp_path / 'j'}", f"zstd:{tmp_path / 'z'}")
+    data = (tmp_path / "z" / "s.jsonl.zst").read_bytes()
+    expected = (tmp_path / "j" / "s.jsonl").read_bytes()
+    assert b"".join(frame_content(f) for f in split_frames(data)) == expected
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    assert reader.read() == expected
+
+
+@pytest.mark.skipif(ZSTD_CLI is None, reason="the zstd command-line tool is not installed")
+def test_zstd_dc_prints_the_jsonl_log(tmp_path):
+    zdir = tmp_path / "z"
+    store = open_zstd(str(zdir))
+    store.create("s")
+    for i in range(0, len(TURN), 2):
+        store.append("s", TURN[i:i + 2])
+    convert(f"zstd:{zdir}", f"jsonl:{tmp_path / 'j'}")
+    out = subprocess.run([ZSTD_CLI, "-dc", str(zdir / "s.jsonl.zst")], capture_output=True, check=True).stdout
+    assert out == (tmp_path / "j" / "s.jsonl").read_bytes()
+    assert [r.raw for r in store.read("s")] == out.splitlines()
+    # And zstd -t (integrity test, checksums included) accepts the file.
+    subprocess.run([ZSTD_CLI, "-tq", str(zdir / "s.jsonl.zst")], check=True)
+
+
+@pytest.mark.skipif(ZSTD_CLI is None, reason="the zstd command-line tool is not installed")
+def test_a_log_compressed_by_the_zstd_tool_is_read(tmp_path):
+    """Reading needs no configuration: a JSONL log compressed by ``zstd`` (any level,
+    one frame with content size and checksum) is a Zstd session."""
+    jsonl = sessionlog.open_store(f"jsonl:{tmp_path / 'j'}")
+    jsonl.create("s", TURN)
+    (tmp_path / "z").mkdir()
+    subprocess.run([ZSTD_CLI, "-q", "-19", "--check", str(tmp_path / "j" / "s.jsonl"), "-o",
+                    str(tmp_path / "z" / "s.jsonl.zst")], check=True)
+    store = open_zstd(str(tmp_path / "z"))
+    assert store.scan("s").status == "clean"
+    assert [r.raw for r in store.read("s")] == (tmp_path / "j" / "s.jsonl").read_bytes().splitlines()
+    store.append("s", [{"type": "note"}])  # the tail check accepts the foreign frame too
+    assert store.scan("s").last_seq == len(TURN) + 2
+
+
+def test_compression_level_is_a_write_option_only(tmp_path):
+    for level in (-5, 1, 19):
+        d = str(tmp_path / f"l{level}")
+        st = sessionlog.open_store(f"zstd:{d}", level=level)
+        st.create("s", TURN)
+        reader = sessionlog.open_store(f"zstd:{d}")  # no options
+        assert reader.scan("s").status == "clean"
+        assert reader.scan("s").record_count == len(TURN) + 1
+    with pytest.raises(InvalidStoreUrl):
+        sessionlog.open_store(f"zstd:{tmp_path / 'bad'}", level=99)
+
+
+def test_atomic_batches_is_declared_true(tmp_path):
+    assert open_zstd(str(tmp_path)).atomic_batches is True
+
+
+# --- prefix scanning: any cut, any flipped byte ----------------------------------
+
+
+def test_cut_at_every_offset_keeps_exactly_the_whole_frames(log):
+    frames = split_frames(log)
+    ends = [sum(map(len, frames[: i + 1])) for i in range(len(frames))]
+    for cut in range(ends[0], len(log) + 1):
+        whole = [f for f, end in zip(frames, ends) if end <= cut]
+        kept, scanner = scan(log[:cut])
+        assert kept == records_of(whole), cut
+        assert scanner.stable_offset == sum(map(len, whole))
+        if scanner.stable_offset == cut:
+            assert scanner.damage is None
+        else:
+            assert scanner.damage.kind is DamageKind.TORN, (cut, scanner.damage)
+            assert scanner.damage.length == cut - scanner.stable_offset
+            assert scanner.damage.records_after == 0
+        _, owned = scan(log[:cut], owned=True)
+        assert owned.damage is None or owned.damage.kind is DamageKind.IN_FLIGHT
+
+
+def test_a_cut_inside_the_header_frame_is_not_a_session_log(log):
+    first = len(split_frames(log)[0])
+    for cut in range(1, first):
+        with pytest.raises(CorruptLog, match="not a session log"):
+            scan(log[:cut])
+    with pytest.raises(CorruptLog, match="not a session log"):
+        scan(b"")
+
+
+@SETTINGS
+@given(data=st.data())
+def test_any_cut_of_any_session_keeps_the_whole_frames(data, tmp_path_factory):
+    events = data.draw(crashed_sessions())
+    parts = data.draw(batches(events))
+    log = make_log(str(tmp_path_factory.mktemp("s")), parts)
+    frames = split_frames(log)
+    cut = len(frames[0]) + data.draw(st.integers(0, 1 << 30)) % (len(log) - len(frames[0]) + 1)
+    kept, scanner = scan(log[:cut])
+    whole, pos = [], 0
+    for f in frames:
+        if pos + len(f) > cut:
+            break
+        whole.append(f)
+        pos += len(f)
+    assert kept == records_of(whole)
+    assert scanner.stable_offset == pos
+    assert (scanner.damage is None) == (pos == cut)
+
+
+@pytest.mark.parametrize("mask", [0x01, 0x10, 0x80, 0xFF])
+def test_a_flipped_byte_anywhere_is_detected(log, mask):
+    """A flipped byte in frame k: the scan keeps exactly frames 0..k-1 and reports damage
+    at frame k (mid-log when whole frames follow), or refuses the file when k is the
+    header frame — it never returns a changed record.
+
+    The one exception is a flip the decoder cannot see because it does not change the
+    content (a don't-care bit of an entropy table): the content and its checksum are
+    the original ones, and so are the records returned."""
+    frames = split_frames(log)
+    starts = [sum(map(len, frames[:i])) for i in range(len(frames))]
+    for at in range(len(log)):
+        k = max(i for i, s in enumerate(starts) if s <= at)
+        bad = bytearray(log)
+        bad[at] ^= mask
+        if k == 0:
+            try:
+                kept, scanner = scan(bytes(bad))
+            except CorruptLog:
+                continue
+            assert scanner.damage is None and kept == records_of(frames), at
+            continue
+        try:
+            kept, scanner = scan(bytes(bad))
+        except CorruptLog as exc:  # a size field flipped beyond the limits: an error
+            assert "exceeds" in str(exc), at
+            continue
+        if scanner.damage is None:
+            flipped = bytes(bad[starts[k]:starts[k] + len(frames[k])])
+            assert frame_content(flipped) == frame_content(frames[k]), at
+            assert kept == records_of(frames), at
+            continue
+        assert kept == records_of(frames[:k]), at
+        assert scanner.damage is not None and scanner.damage.offset == starts[k], at
+        expected = {DamageKind.MID_LOG} if k < len(frames) - 1 else {DamageKind.CORRUPT, DamageKind.TORN}
+        assert scanner.damage.kind in expected, (at, scanner.damage)
+        if scanner.damage.kind is DamageKind.MID_LOG:
+            assert scanner.damage.records_after == len(records_of(frames[k + 1:]))
+            assert scanner.damage.dropped_seqs == (k + 2, len(frames))
+
+
+def test_a_frame_is_the_unit_of_damage(tmp_path):
+    """A frame whose checksum verifies but holds a line that does not decode is damage as a
+    whole, its decodable records counted as records after the damage (never cut silently)."""
+    log = make_log(str(tmp_path), [TURN[:2]])
+    bad = compress_frame(b'{"seq":4,"ts":1,"type":"x"}\nnot json\n', 3)
+    kept, scanner = scan(log + bad)
+    assert len(kept) == 3
+    assert scanner.damage.kind is DamageKind.MID_LOG
+    assert scanner.damage.records_after == 1
+    kept, scanner = scan(log + compress_frame(b"not json\n", 3))
+    assert scanner.damage.kind is DamageKind.CORRUPT
+    kept, scanner = scan(log + compress_frame(b'{"seq":4,"ts":1,"type":"x"}', 3))  # no newline
+    assert scanner.damage.kind is DamageKind.CORRUPT
+
+
+def test_a_whole_frame_with_the_wrong_seq_is_a_seq_break(tmp_path):
+    log = make_log(str(tmp_path), [TURN[:2]])
+    kept, scanner = scan(log + compress_frame(b'{"seq":9,"ts":1,"type":"x"}\n', 3))
+    assert len(kept) == 3
+    assert scanner.damage.kind is DamageKind.SEQ_BREAK
+    assert scanner.damage.dropped_seqs == (9, 9)
+
+
+# --- zero-fill -------------------------------------------------------------------
+
+
+def test_nuls_at_the_end_are_zero_fill(log):
+    kept, scanner = scan(log + b"\0" * 5000)
+    assert scanner.damage.kind is DamageKind.ZERO_FILL
+    assert scanner.stable_offset == len(log)
+
+
+def test_nuls_then_a_frame_within_one_append_is_zero_fill(log):
+    frames = split_frames(log)
+    body = b"".join(frames[:-1])
+    # The last write's first pages never landed; its last frame did.
+    kept, scanner = scan(body + b"\0" * 4096 + frames[-1])
+    assert scanner.damage.kind is DamageKind.ZERO_FILL
+    assert scanner.damage.records_after == 1
+    assert kept == records_of(frames[:-1])
+
+
+def test_nuls_then_frames_beyond_one_append_are_mid_log(log):
+    frames = split_frames(log)
+    body = b"".join(frames[:-1])
+    limits = Limits(record_limit=1024, batch_limit=2048)
+    kept, scanner = scan(body + b"\0" * 4096 + frames[-1], limits=limits)
+    assert scanner.damage.kind is DamageKind.MID_LOG
+    assert scanner.damage.kind.needs_force
+
+
+# --- skippable frames ------------------------------------------------------------
+
+
+def skippable(payload: bytes) -> bytes:
+    return SKIPPABLE + len(payload).to_bytes(4, "little") + payload
+
+
+def test_skippable_frames_are_skipped_and_counted(tmp_path):
+    d = tmp_path / "store"
+    log = make_log(str(d), [TURN[:3], TURN[3:]])
+    frames = split_frames(log)
+    mixed = frames[0] + skippable(b"seek table?") + frames[1] + skippable(b"") + frames[2] + skippable(b"x" * 100)
+    kept, scanner = scan(mixed)
+    assert kept == records_of(frames)
+    assert scanner.damage is None and scanner.skipped_frames == 3
+    (d / "s.jsonl.zst").write_bytes(mixed)
+    store = open_zstd(str(d))
+    assert store.scan("s").status == "clean"
+    assert store.frame_stats("s").skipped_frames == 3
+    store.append("s", [{"type": "after-skippable"}])  # tail check walks past the skippable frame
+    assert store.scan("s").last_seq == len(TURN) + 2
+    if ZSTD_CLI:
+        out = subprocess.run([ZSTD_CLI, "-dc", str(d / "s.jsonl.zst")], capture_output=True, check=True).stdout
+        assert out.splitlines() == [r.raw for r in store.read("s")]
+
+
+def test_a_skippable_frame_cut_short_is_torn(log):
+    kept, scanner = scan(log + skippable(b"0123456789")[:-3])
+    assert scanner.damage.kind is DamageKind.TORN
+    assert scanner.stable_offset == len(log)
+
+
+# --- limits against hostile files -------------------------------------------------
+
+
+def test_a_frame_declaring_content_over_the_limit_is_an_error(tmp_path):
+    log = make_log(str(tmp_path), [])
+    limits = Limits(record_limit=1000, batch_limit=1000)
+    big = compress_frame(b'{"seq":2,"ts":1,"type":"x","pad":"' + b"a" * 5000 + b'"}\n', 3)
+    with pytest.raises(CorruptLog, match="exceeds the frame limit"):
+        scan(log + big, limits=limits)
+
+
+def test_a_frame_declaring_a_huge_window_is_an_error(tmp_path):
+    log = make_log(str(tmp_path), [])
+    # Frame header: no single segment, window descriptor exponent 31 (2 TiB), checksum.
+    hostile = b"\x28\xb5\x2f\xfd" + bytes([0x04, 31 << 3]) + b"\x01\x00\x00" + b"\0" * 4
+    with pytest.raises(CorruptLog, match="window limit"):
+        scan(log + hostile)
+
+
+def test_a_decompression_bomb_without_content_size_is_bounded(tmp_path):
+    """A frame with no content size whose output would exceed the frame limit is a bad
+    frame: decompression stops at the limit instead of exhausting memory."""
+    log = make_log(str(tmp_path), [])
+    cctx = zstandard.ZstdCompressor(write_checksum=True, write_content_size=False)
+    bomb = cctx.compress(b"\n" * (64 << 20))
+    assert len(bomb) < 64 << 10
+    kept, scanner = scan(log + bomb)
+    assert len(kept) == 1
+    assert scanner.damage.kind is DamageKind.CORRUPT
+
+
+def test_frames_without_a_checksum_or_with_a_dictionary_are_bad(tmp_path):
+    log = make_log(str(tmp_path), [])
+    no_check = zstandard.ZstdCompressor(write_checksum=False).compress(b'{"seq":2,"ts":1,"type":"x"}\n')
+    _, scanner = scan(log + no_check)
+    assert scanner.damage.kind is DamageKind.CORRUPT
+    assert "checksum" in scanner.damage.reason
+
+
+def test_garbage_is_not_a_session_log(tmp_path):
+    with pytest.raises(CorruptLog, match="not a session log"):
+        scan(os.urandom(4096))
+    with pytest.raises(CorruptLog, match="not a session log"):
+        scan(b'{"seq":1,"ts":1,"type":"session/start","session":"s","format":"sessionlog/1"}\n')
+
+
+# --- batches are atomic; append and repair ---------------------------------------
+
+
+def test_every_prefix_of_an_unacknowledged_batch_leaves_it_absent(tmp_path):
+    """A crash at any point of the write: after a scan (and a repair) the batch is either
+    all there or not there at all."""
+    d = str(tmp_path / "store")
+    before = make_log(d, [TURN[:2]])
+    store = open_zstd(d)
+    store.append("s", TURN[2:7])
+    after = (tmp_path / "store" / "s.jsonl.zst").read_bytes()
+    n_before = len(records_of(split_frames(before)))
+    for cut in range(len(before), len(after) + 1):
+        kept, _ = scan(after[:cut])
+        assert len(kept) == (n_before + 5 if cut == len(after) else n_before), cut
+
+
+class FailingSync(FileSystem):
+    def __init__(self) -> None:
+        self.armed = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed:
+            raise OSError(5, "Input/output error")
+        super().fdatasync(fd)
+
+
+def test_a_failed_sync_rolls_the_frame_back(tmp_path):
+    fs = FailingSync()
+    d = str(tmp_path / "store")
+    store = sessionlog.open_store(f"zstd:{d}", fs=fs)
+    store.create("s", TURN[:2])
+    path = tmp_path / "store" / "s.jsonl.zst"
+    before = path.read_bytes()
+    fs.armed = True
+    with pytest.raises(AppendFailed):
+        store.append("s", TURN[2:])
+    assert path.read_bytes() == before
+    fs.armed = False
+    assert store.append("s", TURN[2:]) == len(TURN) + 1
+
+
+def test_append_to_a_torn_tail_is_refused_until_repaired(log, tmp_path):
+    d = tmp_path / "store"
+    path = d / "s.jsonl.zst"
+    path.write_bytes(log[:-2])
+    store = open_zstd(str(d))
+    with pytest.raises(CorruptLog):
+        store.append("s", [{"type": "x"}])
+    report = store.repair("s")
+    assert report.status == "repaired" and report.damage.kind is DamageKind.TORN
+    store.append("s", [{"type": "x"}])
+    assert store.scan("s").status == "clean"
+
+
+def test_repair_appends_one_frame_with_marker_and_closers(tmp_path):
+    d = tmp_path / "store"
+    log = make_log(str(d), [TURN[:4], TURN[4:5]])  # a durable tool/call, no result
+    path = d / "s.jsonl.zst"
+    path.write_bytes(log + b"\x28\xb5\x2f\xfd\x24")  # a frame cut after its header byte
+    store = open_zstd(str(d))
+    report = store.repair("s")
+    frames = split_frames(path.read_bytes())
+    assert b"".join(frames[:-1]) == log  # cut back to the last whole frame
+    last = frame_content(frames[-1]).splitlines()
+    assert [r.raw for r in report.appended] == last
+    types = [sessionlog.Record.from_line(line).type for line in last]
+    assert types == ["log/truncated", "tool/result", "step/end", "turn/end"]
+    quarantined = open(report.quarantine, "rb").read()
+    assert quarantined == b"\x28\xb5\x2f\xfd\x24"
+
+
+@SETTINGS
+@given(data=st.data())
+def test_repair_then_rescan_is_clean_and_idempotent(data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("s")
+    events = data.draw(crashed_sessions())
+    log = make_log(str(d), data.draw(batches(events)))
+    first = len(split_frames(log)[0])
+    cut = first + data.draw(st.integers(0, 1 << 30)) % (len(log) - first + 1)
+    tail = data.draw(st.sampled_from([b"", b"\0" * 700, b"\x28\xb5\x2f", os.urandom(50)]))
+    path = d / "s.jsonl.zst"
+    path.write_bytes(log[:cut] + tail)
+    store = open_zstd(str(d))
+    report = store.repair("s")
+    assert report.status in ("repaired", "clean")
+    result = store.scan("s")
+    assert result.status == "clean", result
+    assert answered_exactly_once(result.records) == []
+    repaired = path.read_bytes()
+    assert store.repair("s").status == "clean"
+    assert path.read_bytes() == repaired
