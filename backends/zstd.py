@@ -218,8 +218,8 @@ class FrameStats:
 class CompactReport:
     """What ``compact`` did to one session.
 
-    ``status``: "compacted" (rewritten and renamed into place), "unchanged" (already in
-    frames as large as compaction makes), "refused" (damaged: repair first; ``damage``
+    ``status``: "compacted" (rewritten and renamed into place), "unchanged" (the file
+    already is, byte for byte, what compaction would write), "refused" (damaged: repair first; ``damage``
     says how), or "locked" (a writer owns the session)."""
 
     session: str
@@ -305,13 +305,22 @@ class ZstdStore(FileStore):
             st = fs.fstat(fd)
             report.bytes_before = st.st_size
             tmp_fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW)
-            scanner = self.framing.scan(_fd_reader(fs, fd), session_id=session_id, where=path,
+            old_bytes, new_bytes = hashlib.sha256(), hashlib.sha256()
+            read = _fd_reader(fs, fd)
+
+            def read_hashed(n: int) -> bytes:
+                chunk = read(n)
+                old_bytes.update(chunk)
+                return chunk
+
+            scanner = self.framing.scan(read_hashed, session_id=session_id, where=path,
                                         limits=self.limits, owned=False)
             digest = hashlib.sha256()
             written = 0
             for content in _regroup(scanner, frame_bytes, digest, progress):
                 data = compress_frame(content, level)
                 write_all(fs, tmp_fd, data)
+                new_bytes.update(data)
                 written += len(data)
                 report.frames_after += 1
                 report.content_bytes += len(content)
@@ -323,9 +332,11 @@ class ZstdStore(FileStore):
                 report.reason = (f"{scanner.damage.kind} at offset {scanner.damage.offset} "
                                  f"({scanner.damage.reason}): repair the session before compacting")
                 return report
-            if report.frames_after >= report.frames_before and not scanner.skipped_frames:
-                report.frames_after, report.bytes_after = report.frames_before, report.bytes_before
-                return report
+            while read_hashed(1 << 20):  # hash any bytes the scan did not need to read
+                pass
+            if written == report.bytes_before and new_bytes.digest() == old_bytes.digest():
+                report.bytes_after = written
+                return report  # already exactly what compaction writes
             fs.fsync(tmp_fd)  # the compacted log is durable under its temp name
             fs.close(tmp_fd)
             tmp_fd = None
