@@ -85,8 +85,8 @@ from .sql_engines import (
     EngineKind,
     PostgresKind,
     SqliteKind,
+    _quiet,
     driver_error,
-    sqlstate,
 )
 from .sql_schema import Schema, build_schema, check_version
 
@@ -254,7 +254,7 @@ class SqlSession:
             raise
         self._conn = conn
         self._owner = owner
-        self._dbapi = conn.connection.driver_connection
+        self._cur, self._restore = self._kind.prepare_handle(conn.connection.driver_connection)
         self._closed = False
 
     @property
@@ -271,13 +271,13 @@ class SqlSession:
         AppendFailed when the batch was not committed (``outcome_unknown=True`` when the
         error came during COMMIT: read the tail before appending it again); after an
         AppendFailed this handle is closed for appends."""
-        batch = events_list(events)
+        batch = events if type(events) is list else events_list(events)
         with self._mutex:
             self._check_usable()
             kind, store, sid = self._kind, self.store, self.session_id
             if not batch:
                 try:
-                    last = kind.read_tail(self._dbapi, sid)
+                    last = kind.read_tail(self._cur, sid)
                 except SessionLogError:
                     raise
                 except Exception as exc:
@@ -298,7 +298,7 @@ class SqlSession:
             attempt = 0
             while True:
                 try:
-                    last = kind.append_once(self._dbapi, sid, lines, assumed, expect_seq, encode)
+                    last = kind.append_once(self._cur, sid, lines, assumed, expect_seq, encode)
                     break
                 except AppendFailed as exc:
                     self._failed = str(exc)
@@ -319,11 +319,11 @@ class SqlSession:
             return last
 
     def _check_usable(self) -> None:
-        where = self.store._where(self.session_id)
         if self._failed is not None:
+            where = self.store._where(self.session_id)
             raise StoreClosed(f"{where}: this handle failed earlier ({self._failed}); open a new one")
         if self._closed or os.getpid() != self._pid:
-            raise StoreClosed(f"{where}: session handle is closed")
+            raise StoreClosed(f"{self.store._where(self.session_id)}: session handle is closed")
 
     def records(self, after_seq: int = 0) -> Iterator[Record]:
         """Stream the session's records with seq > ``after_seq``."""
@@ -338,6 +338,7 @@ class SqlSession:
         if os.getpid() != self._pid:
             return
         try:
+            _quiet(self._restore)
             self._owner.release()
         finally:
             try:
@@ -518,18 +519,26 @@ class SqlStore:
     def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[bytes]:
         """Record lines for ``events`` with seq from ``first_seq``; enforces the record and
         batch limits (InvalidEvent)."""
-        lines = []
+        try:
+            lines = [encode_record(event, seq) for seq, event in enumerate(events, first_seq)]
+        except RecordError:
+            for i, event in enumerate(events):  # name the event at fault
+                try:
+                    encode_record(event, first_seq + i)
+                except RecordError as exc:
+                    raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
+            raise  # pragma: no cover - an event that fails only once
         limit = self.limits.record_limit
-        size = 0
-        for i, event in enumerate(events):
-            try:
-                line = encode_record(event, first_seq + i)
-            except RecordError as exc:
-                raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
-            if len(line) > limit:
-                raise InvalidEvent(f"event {i} of the batch is {len(line)} bytes, over the record limit of {limit}")
-            size += len(line) + 1
-            lines.append(line)
+        if len(lines) == 1:
+            size = len(lines[0])
+            if size > limit:
+                raise InvalidEvent(f"event 0 of the batch is {size} bytes, over the record limit of {limit}")
+            size += 1
+        else:
+            if lines and max(map(len, lines)) > limit:
+                i = next(i for i, line in enumerate(lines) if len(line) > limit)
+                raise InvalidEvent(f"event {i} of the batch is {len(lines[i])} bytes, over the record limit of {limit}")
+            size = sum(map(len, lines)) + len(lines)
         if size > self.limits.batch_limit:
             raise InvalidEvent(
                 f"batch of {size} bytes exceeds the batch limit of {self.limits.batch_limit} bytes; split it"
@@ -753,14 +762,10 @@ class SqlStore:
             with self._connect() as own, self._reading(own) as c:
                 yield c
             return
-        if isinstance(self.kind, PostgresKind):
-            conn.execution_options(isolation_level="REPEATABLE READ")
-        try:
-            with conn.begin():
-                yield conn
-        finally:
+        with conn.begin():
             if isinstance(self.kind, PostgresKind):
-                conn.execution_options(isolation_level="READ COMMITTED")
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield conn
 
     def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
         """Stream the valid prefix's records with seq > ``after_seq``, a chunk of rows per

@@ -122,10 +122,10 @@ class EngineKind:
         raise NotImplementedError
 
     def append_once(
-        self, dbapi: Any, session_id: str, lines: list[bytes], assumed_last: int,
+        self, cur: Any, session_id: str, lines: list[bytes], assumed_last: int,
         expect_seq: int | None, encode: Encode,
     ) -> int:
-        """One append transaction on the handle's driver connection; returns the last seq.
+        """One append transaction on the handle's driver cursor; returns the last seq.
 
         ``lines`` were encoded for ``assumed_last + 1``; when the tail turns out to be
         elsewhere they are re-encoded with ``encode``. Raises SequenceConflict when
@@ -134,9 +134,15 @@ class EngineKind:
         (the transaction was rolled back)."""
         raise NotImplementedError
 
-    def read_tail(self, dbapi: Any, session_id: str) -> int:
+    def read_tail(self, cur: Any, session_id: str) -> int:
         """The session's last seq, read in its own short transaction."""
         raise NotImplementedError
+
+    def prepare_handle(self, dbapi: Any) -> tuple[Any, Callable[[], None]]:
+        """Set a handle's driver connection up for the hot path: the cursor its appends
+        run on, and the undo for when the handle closes."""
+        cur = dbapi.cursor()
+        return cur, cur.close
 
 
 # --- SQLite ------------------------------------------------------------------------------
@@ -243,12 +249,12 @@ class SqliteKind(EngineKind):
         return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
 
     def append_once(
-        self, dbapi: sqlite3.Connection, session_id: str, lines: list[bytes], assumed_last: int,
+        self, cur: sqlite3.Cursor, session_id: str, lines: list[bytes], assumed_last: int,
         expect_seq: int | None, encode: Encode,
     ) -> int:
-        dbapi.execute("BEGIN IMMEDIATE")
+        cur.execute("BEGIN IMMEDIATE")
         try:
-            row = dbapi.execute(self.sql_tail, (session_id,)).fetchone()
+            row = cur.execute(self.sql_tail, (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
             last = row[0]
@@ -259,20 +265,23 @@ class SqliteKind(EngineKind):
                 )
             if last != assumed_last:
                 lines = encode(last + 1)
-            dbapi.executemany(self.sql_insert, zip(repeat(session_id), count(last + 1), lines))
+            if len(lines) == 1:
+                cur.execute(self.sql_insert, (session_id, last + 1, lines[0]))
+            else:
+                cur.executemany(self.sql_insert, zip(repeat(session_id), count(last + 1), lines))
         except BaseException:
-            _quiet(dbapi.rollback)
+            _quiet(cur.connection.rollback)
             raise
         try:
             # After this returns the batch is in the synced WAL: it survives power loss.
-            dbapi.execute("COMMIT")
+            cur.execute("COMMIT")
         except BaseException as exc:
-            _quiet(dbapi.rollback)
+            _quiet(cur.connection.rollback)
             raise _commit_failed(self.where, session_id, exc) from exc
         return last + len(lines)
 
-    def read_tail(self, dbapi: sqlite3.Connection, session_id: str) -> int:
-        row = dbapi.execute(self.sql_tail, (session_id,)).fetchone()
+    def read_tail(self, cur: sqlite3.Cursor, session_id: str) -> int:
+        row = cur.execute(self.sql_tail, (session_id,)).fetchone()
         if row is None:
             raise SessionNotFound(f"{self.where}: no such session {session_id!r}")
         return int(row[0])
@@ -380,37 +389,37 @@ class PostgresKind(EngineKind):
         return conn.execute(stmt).first() is not None
 
     def append_once(
-        self, dbapi: Any, session_id: str, lines: list[bytes], assumed_last: int,
+        self, cur: Any, session_id: str, lines: list[bytes], assumed_last: int,
         expect_seq: int | None, encode: Encode,
     ) -> int:
+        dbapi = cur.connection
         try:
-            with dbapi.cursor() as cur:
-                # The row lock serializes appends to this session; the statements after it
-                # see everything committed before it was granted.
-                cur.execute(self.sql_lock_row, (session_id,))
-                if cur.fetchone() is None:
-                    raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
-                last = assumed_last if expect_seq is None else expect_seq
-                if last != assumed_last:
-                    lines = encode(last + 1)
-                n = len(lines)
-                cur.execute(self.sql_insert_at, (session_id, list(range(last + 1, last + 1 + n)), lines, session_id, last))
-                if cur.rowcount != n:
-                    cur.execute(self.sql_tail, (session_id,))
-                    row = cur.fetchone()
-                    found = int(row[0]) if row else 0
-                    if expect_seq is not None:
-                        raise SequenceConflict(
-                            f"{self.where}: session {session_id!r}: expected last seq {expect_seq}, found {found}",
-                            expected=expect_seq, found=found,
-                        )
-                    last = found
-                    lines = encode(last + 1)
-                    cur.execute(
-                        self.sql_insert_at, (session_id, list(range(last + 1, last + 1 + n)), lines, session_id, last)
+            # The row lock serializes appends to this session; the statements after it
+            # see everything committed before it was granted.
+            cur.execute(self.sql_lock_row, (session_id,))
+            if cur.fetchone() is None:
+                raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
+            last = assumed_last if expect_seq is None else expect_seq
+            if last != assumed_last:
+                lines = encode(last + 1)
+            n = len(lines)
+            cur.execute(self.sql_insert_at, (session_id, list(range(last + 1, last + 1 + n)), lines, session_id, last))
+            if cur.rowcount != n:
+                cur.execute(self.sql_tail, (session_id,))
+                row = cur.fetchone()
+                found = int(row[0]) if row else 0
+                if expect_seq is not None:
+                    raise SequenceConflict(
+                        f"{self.where}: session {session_id!r}: expected last seq {expect_seq}, found {found}",
+                        expected=expect_seq, found=found,
                     )
-                    if cur.rowcount != n:  # pragma: no cover - the row lock excludes this
-                        raise AppendFailed(f"{self.where}: session {session_id!r}: the tail moved under the row lock")
+                last = found
+                lines = encode(last + 1)
+                cur.execute(
+                    self.sql_insert_at, (session_id, list(range(last + 1, last + 1 + n)), lines, session_id, last)
+                )
+                if cur.rowcount != n:  # pragma: no cover - the row lock excludes this
+                    raise AppendFailed(f"{self.where}: session {session_id!r}: the tail moved under the row lock")
         except BaseException:
             _quiet(dbapi.rollback)
             raise
@@ -422,13 +431,29 @@ class PostgresKind(EngineKind):
             raise _commit_failed(self.where, session_id, exc) from exc
         return last + n
 
-    def read_tail(self, dbapi: Any, session_id: str) -> int:
-        try:
-            with dbapi.cursor() as cur:
-                cur.execute(self.sql_tail, (session_id,))
-                row = cur.fetchone()
-        finally:
+    def prepare_handle(self, dbapi: Any) -> tuple[Any, Callable[[], None]]:
+        # The append protocol needs each statement to see what committed before it (the
+        # tail read after the row lock was granted): READ COMMITTED, whatever the
+        # server's or the URL's default isolation is.
+        import psycopg
+
+        before = dbapi.isolation_level
+        dbapi.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        cur = dbapi.cursor()
+
+        def restore() -> None:
+            _quiet(cur.close)
             _quiet(dbapi.rollback)
+            dbapi.isolation_level = before
+
+        return cur, restore
+
+    def read_tail(self, cur: Any, session_id: str) -> int:
+        try:
+            cur.execute(self.sql_tail, (session_id,))
+            row = cur.fetchone()
+        finally:
+            _quiet(cur.connection.rollback)
         if row is None:
             raise SessionNotFound(f"{self.where}: no such session {session_id!r}")
         return int(row[0])
