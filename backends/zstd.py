@@ -413,16 +413,18 @@ def open_zstd(
     lock_timeout: float = 10.0,
     level: int = DEFAULT_LEVEL,
     create_dir: bool = True,
+    unsafe: bool = False,
 ) -> ZstdStore:
     """The Zstd store in ``directory`` (created 0700 if missing, unless ``create_dir``
-    is False). ``level`` is the compression level of appended frames; reading accepts
-    any level. Raises InvalidStoreUrl for a bad level, IOFailure."""
+    is False: then nothing is written when the store is opened). ``level`` is the
+    compression level of appended frames; reading accepts any level. Raises
+    InvalidStoreUrl for a bad level, IOFailure."""
     return ZstdStore(directory, ZstdFraming(level, limits), scheme="zstd", fs=fs or OS, limits=limits,
-                     lock_timeout=lock_timeout, create_dir=create_dir)
+                     lock_timeout=lock_timeout, create_dir=create_dir, unsafe=unsafe)
 
 
 def open_url(url: str, **options: object) -> ZstdStore:
-    """``zstd:DIR``. Options: fs, limits, lock_timeout, level, create_dir."""
+    """``zstd:DIR``. Options: fs, limits, lock_timeout, level, create_dir, unsafe."""
     directory = url.partition(":")[2]
     if directory.startswith("//"):
         directory = directory[2:]

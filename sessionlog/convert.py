@@ -150,12 +150,7 @@ def _open_source(url: str) -> EventStore:
         directory = directory[2:] if directory.startswith("//") else directory
         if not os.path.isdir(directory):
             raise SessionNotFound(f"{directory}: no such store directory")
-        from .backends.filestore import FileStore
-        from .backends.jsonl import JsonlFraming
-        from .backends.zstd import ZstdFraming
-
-        framing = JsonlFraming() if scheme == "jsonl" else ZstdFraming()
-        return FileStore(directory, framing, scheme=scheme, create_dir=False)
+        return open_store(url, create_dir=False)
     return open_store(url)
 
 
