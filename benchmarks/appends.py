@@ -1,0 +1,261 @@
+"""Durable appends through every backend ``sessionlog.open_store`` can open at run time.
+
+Per backend: appends through an open session handle (the embedded path: the writer owns
+the session and keeps its lock) at 1, 64 and 1024 events per batch; a one-shot
+``store.append`` of one event, which takes and drops the lock per call; and 100 sessions
+appended round-robin, one event each, through 100 open handles. Every append is durable
+on return. The events are the ceiling's records (about 300 bytes each, generated text).
+
+Write-behind: many producers, each awaiting durability of its own event, committed in
+groups by the embedded writer (``sessionlog.writer``); see :func:`write_behind_cases`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sessionlog
+
+from .rounds import Case, Result, Work, skipped
+
+BATCH_SIZES = (1, 64, 1024)
+ROUND_ROBIN_SESSIONS = 100
+PRODUCERS = (1, 8, 64)
+
+
+@dataclass(slots=True)
+class Backend:
+    """A store the run measures, or the reason it cannot (``store`` is None)."""
+
+    name: str
+    url: str
+    store: Any | None
+    reason: str | None = None
+    prefix: str = ""
+
+    def sid(self, name: str) -> str:
+        """A session id unique to this run (PostgreSQL is shared between runs)."""
+        return f"{self.prefix}{name}"
+
+
+def backend_urls(directory: str, postgres_url: str | None) -> list[tuple[str, str]]:
+    """(name, URL) of every backend a run tries, in table order."""
+    urls = [
+        ("jsonl", f"jsonl:{os.path.join(directory, 'jsonl')}"),
+        ("zstd", f"zstd:{os.path.join(directory, 'zstd')}"),
+        ("sqlite", f"sqlite:///{os.path.join(directory, 'sqlite', 'bench.db')}"),
+    ]
+    if postgres_url:
+        urls.append(("postgresql", postgres_url))
+    return urls
+
+
+def open_backends(
+    directory: str, postgres_url: str | None, only: Sequence[str] | None, stack: contextlib.ExitStack
+) -> list[Backend]:
+    """Open every backend that is there; a missing one is kept with the reason.
+
+    The SQLite database's directory is created here (the URL names a file). Every opened
+    store is closed by ``stack``; sessions made on PostgreSQL are deleted first."""
+    out = []
+    run_tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}-"
+    for name, url in backend_urls(directory, postgres_url):
+        if only and name not in only:
+            continue
+        if name == "sqlite":
+            os.makedirs(os.path.join(directory, "sqlite"), mode=0o700, exist_ok=True)
+        try:
+            store = sessionlog.open_store(url)
+        except sessionlog.InvalidStoreUrl as exc:
+            out.append(Backend(name, url, None, f"not available: {exc.__cause__ or exc}"))
+            continue
+        except Exception as exc:  # a backend under construction may fail in any way
+            out.append(Backend(name, url, None, f"cannot open: {type(exc).__name__}: {exc}"))
+            continue
+        backend = Backend(name, url, store, prefix=run_tag if name == "postgresql" else "")
+        stack.callback(_close_store, backend)
+        out.append(backend)
+    return out
+
+
+def _close_store(backend: Backend) -> None:
+    store = backend.store
+    if store is None:
+        return
+    if backend.prefix:
+        with contextlib.suppress(Exception):
+            for sid in store.sessions():
+                if sid.startswith(backend.prefix):
+                    store.delete(sid)
+    with contextlib.suppress(Exception):
+        store.close()
+
+
+def append_id(backend: str, what: str) -> str:
+    return f"append/{backend}/{what}"
+
+
+def _batches(events: Sequence[Mapping[str, Any]], size: int, count: int = 8) -> list[list[Mapping[str, Any]]]:
+    n = len(events)
+    return [[events[(k * size + i) % n] for i in range(size)] for k in range(count)]
+
+
+def _handle_op(handle: Any, batches: list[list[Mapping[str, Any]]], nbytes: int) -> Callable[[], Work]:
+    state = [0]
+
+    def op() -> Work:
+        batch = batches[state[0] % len(batches)]
+        state[0] += 1
+        handle.append(batch)
+        return len(batch), nbytes
+
+    return op
+
+
+def append_cases(
+    backend: Backend, events: Sequence[Mapping[str, Any]], record_bytes: float, stack: contextlib.ExitStack
+) -> tuple[list[Case], list[Result]]:
+    """The append cases of one backend, or results saying why they cannot run."""
+    store = backend.store
+    name = backend.name
+    ids = [append_id(name, f"batch-{n}") for n in BATCH_SIZES] + [
+        append_id(name, "oneshot-1"), append_id(name, f"sessions-{ROUND_ROBIN_SESSIONS}")
+    ]
+    labels = [f"{name}: session handle, batch {n}" for n in BATCH_SIZES] + [
+        f"{name}: one-shot store.append, batch 1",
+        f"{name}: {ROUND_ROBIN_SESSIONS} sessions round-robin, batch 1",
+    ]
+    if store is None:
+        groups = ["append"] * len(BATCH_SIZES) + ["append", "sessions"]
+        return [], [skipped(i, g, l, backend.reason or "not available") for i, g, l in zip(ids, groups, labels)]
+    cases: list[Case] = []
+    results: list[Result] = []
+
+    def build(case_id: str, label: str, make: Callable[[], Case]) -> None:
+        try:
+            cases.append(make())
+        except Exception as exc:
+            res = Result(case_id, "append", label, "records/s", status="error",
+                         reason=f"setup failed: {type(exc).__name__}: {exc}")
+            results.append(res)
+
+    for n, case_id, label in zip(BATCH_SIZES, ids, labels):
+        def make(n: int = n, case_id: str = case_id, label: str = label) -> Case:
+            sid = backend.sid(f"append-{n}")
+            store.create(sid)
+            handle = store.session(sid)
+            stack.callback(handle.close)
+            return Case(case_id, "append", label, _handle_op(handle, _batches(events, n), int(n * record_bytes)),
+                        meta={"backend": name, "batch": n, "mode": "handle"})
+        build(case_id, label, make)
+
+    def make_oneshot() -> Case:
+        sid = backend.sid("oneshot")
+        store.create(sid)
+        batches = _batches(events, 1)
+        state = [0]
+
+        def op() -> Work:
+            state[0] += 1
+            store.append(sid, batches[state[0] % len(batches)])
+            return 1, int(record_bytes)
+
+        return Case(ids[3], "append", labels[3], op, meta={"backend": name, "batch": 1, "mode": "one-shot"})
+
+    build(ids[3], labels[3], make_oneshot)
+
+    def make_round_robin() -> Case:
+        handles = []
+        for i in range(ROUND_ROBIN_SESSIONS):
+            sid = backend.sid(f"rr-{i:03d}")
+            store.create(sid)
+            handle = store.session(sid)
+            stack.callback(handle.close)
+            handles.append(handle)
+        batches = _batches(events, 1, count=ROUND_ROBIN_SESSIONS)
+        state = [0]
+
+        def op() -> Work:
+            i = state[0] % ROUND_ROBIN_SESSIONS
+            state[0] += 1
+            handles[i].append(batches[i])
+            return 1, int(record_bytes)
+
+        return Case(ids[4], "sessions", labels[4], op,
+                    meta={"backend": name, "batch": 1, "sessions": ROUND_ROBIN_SESSIONS})
+
+    build(ids[4], labels[4], make_round_robin)
+    return cases, results
+
+
+# --- write-behind ---------------------------------------------------------------------
+
+
+def write_behind_id(backend: str, producers: int) -> str:
+    return f"write-behind/{backend}/producers-{producers}"
+
+
+def write_behind_cases(backend: Backend, events: Sequence[Mapping[str, Any]], record_bytes: float,
+                       stack: contextlib.ExitStack) -> tuple[list[Case], list[Result]]:
+    """Group commit through the embedded writer (``sessionlog.writer.WriteBehind``,
+    DESIGN.md section 6): one session per case; P asyncio producers (P in
+    :data:`PRODUCERS`), each appending one event and awaiting its durability
+    (``await writer.append(id, [event])``) before the next, :data:`PER_PRODUCER` events
+    each per operation. The target compares P=64 against ``append/<backend>/batch-1``.
+
+    HOOK(write-behind): if the writer is missing or its API differs, every case is
+    reported as skipped with the reason; adapt :func:`_write_behind_case` to the API."""
+    labels = {p: f"{backend.name}: write-behind, {p} producer{'s' if p > 1 else ''} awaiting durability"
+              for p in PRODUCERS}
+    try:
+        from sessionlog.writer import WriteBehind
+    except ImportError as exc:
+        reason = f"no embedded writer (sessionlog.writer.WriteBehind): {exc}"
+        return [], [skipped(write_behind_id(backend.name, p), "write-behind", labels[p], reason) for p in PRODUCERS]
+    cases: list[Case] = []
+    results: list[Result] = []
+    for p in PRODUCERS:
+        try:
+            cases.append(_write_behind_case(WriteBehind, backend, p, labels[p], events, record_bytes, stack))
+        except Exception as exc:
+            results.append(Result(write_behind_id(backend.name, p), "write-behind", labels[p], "records/s",
+                                  status="error", reason=f"setup failed: {type(exc).__name__}: {exc}"))
+    return cases, results
+
+
+PER_PRODUCER = 8
+"""Events each producer appends (one at a time, awaiting each) per operation."""
+
+
+def _write_behind_case(writer_cls: Any, backend: Backend, producers: int, label: str,
+                       events: Sequence[Mapping[str, Any]], record_bytes: float, stack: contextlib.ExitStack) -> Case:
+    store = backend.store
+    sid = backend.sid(f"wb-{producers}")
+    store.create(sid)
+    loop = asyncio.new_event_loop()
+    stack.callback(loop.close)
+    writer = writer_cls(store)
+    stack.callback(lambda: loop.run_until_complete(writer.close()))
+    n = len(events)
+
+    async def producer(k: int) -> None:
+        for j in range(PER_PRODUCER):
+            await writer.append(sid, [events[(k * PER_PRODUCER + j) % n]])
+
+    async def all_producers() -> None:
+        await asyncio.gather(*(producer(k) for k in range(producers)))
+
+    units = producers * PER_PRODUCER
+
+    def op() -> Work:
+        loop.run_until_complete(all_producers())
+        return units, int(units * record_bytes)
+
+    return Case(write_behind_id(backend.name, producers), "write-behind", label, op,
+                meta={"backend": backend.name, "producers": producers})

@@ -1,0 +1,138 @@
+"""Peak memory of ``sessionlog scan --json`` on a log of at least 1 GB, in a child process.
+
+A scan streams: its memory is bounded by the record limit (and the read chunk), not by
+the log. The bench writes a JSONL session of ``size_mb`` MB into its temp directory
+(the generated transcript's records replayed with fresh ``seq`` values — turn ids repeat
+every few thousand records, which the scan does not mind), runs the CLI on it as a child
+process, reads the child's own peak RSS from ``os.wait4``, and deletes the file. The same
+command on a one-turn log gives the interpreter's baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from sessionlog.scan import DEFAULT_LIMITS
+
+from .scans import Corpus
+
+BOUND_RECORD_LIMITS = 32
+"""The bar: peak RSS above the small-log baseline stays within this many record limits
+(32 MiB at the default 1 MiB limit) however large the log."""
+
+
+def scan_command() -> list[str]:
+    """``sessionlog scan --json`` from this interpreter's environment."""
+    script = os.path.join(os.path.dirname(sys.executable), "sessionlog")
+    if os.path.exists(script):
+        return [script, "scan", "--json"]
+    found = shutil.which("sessionlog")
+    if found:
+        return [found, "scan", "--json"]
+    return [sys.executable, "-m", "sessionlog.cli", "scan", "--json"]
+
+
+def write_log(path: str, corpus: Corpus, size_bytes: int) -> tuple[int, int]:
+    """Write a session log of at least ``size_bytes`` at ``path``; returns (records, bytes)."""
+    session_id = os.path.basename(path).removesuffix(".jsonl")
+    # Each body line starts with '{"seq":N,'; everything from that first comma is kept.
+    tails = [line[line.index(b","):] + b"\n" for line in corpus.body]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        header = corpus.header(session_id) + b"\n"
+        os.write(fd, header)
+        written, seq = len(header), 1
+        chunk: list[bytes] = []
+        chunk_bytes = 0
+        n = len(tails)
+        ends_turn = [b'"type":"turn/end"' in tail for tail in tails]
+        done = False
+        while not done:
+            seq += 1
+            i = (seq - 2) % n
+            line = b'{"seq":%d%s' % (seq, tails[i])
+            done = written + len(line) >= size_bytes and ends_turn[i]  # whole turns: it scans clean
+            chunk.append(line)
+            chunk_bytes += len(line)
+            written += len(line)
+            if chunk_bytes >= 4 << 20 or done:
+                data = memoryview(b"".join(chunk))
+                while data:
+                    data = data[os.write(fd, data):]
+                chunk, chunk_bytes = [], 0
+    finally:
+        os.close(fd)
+    return seq, written
+
+
+def run_with_rusage(argv: list[str]) -> tuple[int, int, float, str, str]:
+    """Run ``argv`` as a child; return (exit code, its own peak RSS in bytes, seconds,
+    stdout, stderr). The peak comes from ``os.wait4`` on that child alone."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as errfile:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errfile)
+        assert proc.stdout is not None
+        with proc.stdout:
+            out = proc.stdout.read()
+        # wait4 on this pid: the rusage of that child alone, not of every child reaped so far.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - start
+        errfile.seek(0)
+        err = errfile.read()
+    # ru_maxrss is in KiB on Linux.
+    return code, usage.ru_maxrss * 1024, seconds, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def measure_scan_memory(directory: str, corpus: Corpus, size_mb: int) -> dict[str, Any]:
+    """Peak RSS of the CLI scanning a ``size_mb`` MB log and a one-turn log."""
+    work = os.path.join(directory, "memory")
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    small = os.path.join(work, "small.jsonl")
+    big = os.path.join(work, "big.jsonl")
+    try:
+        t0 = time.perf_counter()
+        write_log(small, corpus, 1)
+        records, nbytes = write_log(big, corpus, size_mb * 1_000_000)
+        gen_seconds = time.perf_counter() - t0
+        cmd = scan_command()
+        code_small, rss_small, _, _, _ = run_with_rusage([*cmd, small])
+        code, rss, seconds, out, err = run_with_rusage([*cmd, big])
+        row: dict[str, Any] = {}
+        try:
+            row = json.loads(out.splitlines()[0]) if out.strip() else {}
+        except ValueError:
+            pass
+        bound = BOUND_RECORD_LIMITS * DEFAULT_LIMITS.record_limit
+        return {
+            "command": " ".join([os.path.basename(cmd[0]), *cmd[1:]]),
+            "log_bytes": nbytes,
+            "log_records": records,
+            "scanned_records": row.get("records"),
+            "status": row.get("status"),
+            "exit_code": code,
+            "exit_code_small": code_small,
+            "stderr": err.strip()[-500:] or None,
+            "seconds": seconds,
+            "records_per_s": records / seconds if seconds > 0 else None,
+            "mb_per_s": nbytes / seconds / 1e6 if seconds > 0 else None,
+            "peak_rss_bytes": rss,
+            "baseline_rss_bytes": rss_small,
+            "growth_bytes": rss - rss_small,
+            "bound_bytes": bound,
+            "generate_seconds": gen_seconds,
+        }
+    finally:
+        for path in (small, big):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,255 @@
+"""Reading back: scan (what recovery runs first), repair of a torn log, Zstd ratio.
+
+All three use one generated transcript (:mod:`.transcript`): at least ``scan_records``
+records and at least ``repair_mb`` MB of JSONL, imported into each backend as one session
+(``import_session``: its bytes verbatim, 64 records per batch — one Zstd frame per 64
+records). Throughput counts records and logical (uncompressed JSONL) bytes.
+
+* scan: ``store.scan(id)`` validates every record and tracks the transcript; the
+  baseline is msgspec alone decoding the same JSONL file (``Decoder.decode_lines`` over
+  1 MiB chunks), no validation, no engine.
+* repair: the session's log with a torn last record (JSONL: a line cut before its
+  newline; Zstd: a frame cut short) is repaired with ``store.repair(id)`` — scan,
+  quarantine, truncate, append the marker, each step durable. Between rounds (untimed)
+  the log is torn again and the quarantine file removed. SQL has no torn bytes.
+* compression: on-disk size of the Zstd session against its JSONL bytes, and the same
+  records framed 1, 8, 64 and 1024 per frame with the backend's own framing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from sessionlog.events import Record, encode_record, header_event
+
+from .appends import Backend
+from .rounds import Case, Result, Work, skipped
+from .transcript import events
+
+FRAME_SIZES = (1, 8, 64, 1024)
+SEED = 7
+
+
+@dataclass(slots=True)
+class Corpus:
+    """A generated session's records after its header (seq 2..N), encoded."""
+
+    body: list[bytes]
+    body_bytes: int
+
+    def header(self, session_id: str) -> bytes:
+        return encode_record(header_event(session_id), 1, 1_735_689_600.0)
+
+    def records(self, session_id: str) -> Iterator[Record]:
+        yield Record.from_line(self.header(session_id))
+        for line in self.body:
+            yield Record.from_line(line)
+
+    def count(self) -> int:
+        return len(self.body) + 1
+
+    def logical_bytes(self, session_id: str) -> int:
+        return self.body_bytes + len(self.header(session_id)) + 1
+
+
+def make_corpus(min_records: int, min_bytes: int, seed: int = SEED) -> Corpus:
+    """At least ``min_records`` records (header included) and ``min_bytes`` of JSONL, in
+    whole turns."""
+    body: list[bytes] = []
+    total = 100  # about the header's line
+    for seq, event in enumerate(events(seed), start=2):
+        line = encode_record(event, seq)
+        body.append(line)
+        total += len(line) + 1
+        if len(body) + 1 >= min_records and total >= min_bytes and event["type"] == "turn/end":
+            break  # whole turns: the session scans clean
+    return Corpus(body, sum(len(x) + 1 for x in body))
+
+
+def _import(backend: Backend, session_id: str, corpus: Corpus) -> str:
+    sid = backend.sid(session_id)
+    backend.store.import_session(sid, corpus.records(sid))
+    return sid
+
+
+def scan_id(backend: str) -> str:
+    return f"scan/{backend}"
+
+
+MSGSPEC_ID = "scan/msgspec-baseline"
+
+
+def scan_cases(backends: list[Backend], corpus: Corpus) -> tuple[list[Case], list[Result], dict[str, str]]:
+    """A scan case per backend (the session imported here); returns the sessions made, by
+    backend name, for the repair and compression steps to reuse."""
+    cases: list[Case] = []
+    results: list[Result] = []
+    made: dict[str, str] = {}
+    for backend in backends:
+        label = f"{backend.name}: store.scan of {corpus.count():,} records"
+        if backend.store is None:
+            results.append(skipped(scan_id(backend.name), "scan", label, backend.reason or "not available"))
+            continue
+        try:
+            sid = _import(backend, "scan", corpus)
+        except Exception as exc:
+            results.append(Result(scan_id(backend.name), "scan", label, "records/s", status="error",
+                                  reason=f"import failed: {type(exc).__name__}: {exc}"))
+            continue
+        made[backend.name] = sid
+        cases.append(Case(scan_id(backend.name), "scan", label,
+                          _scanner(backend.store, sid, corpus.count(), corpus.logical_bytes(sid)), timed=False,
+                          meta={"backend": backend.name, "records": corpus.count(),
+                                "logical_bytes": corpus.logical_bytes(sid)}))
+    return cases, results, made
+
+
+def _scanner(store: object, sid: str, expect: int, nbytes: int) -> Callable[[], Work]:
+    def op() -> Work:
+        result = store.scan(sid)  # type: ignore[attr-defined]
+        if result.record_count != expect or result.damage is not None:
+            raise RuntimeError(f"scan of {sid} found {result.record_count} records, damage {result.damage}; "
+                               f"expected {expect} clean")
+        return result.record_count, nbytes
+
+    return op
+
+
+def msgspec_case(path: str, expect: int) -> Case:
+    """msgspec alone decoding every line of the JSONL file at ``path`` (read in 1 MiB chunks)."""
+    decoder = msgspec.json.Decoder()
+    size = os.path.getsize(path)
+
+    def op() -> Work:
+        count = 0
+        rest = b""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                buf = rest + chunk
+                cut = buf.rfind(b"\n") + 1
+                count += len(decoder.decode_lines(buf[:cut]))
+                rest = buf[cut:]
+        finally:
+            os.close(fd)
+        if count != expect:
+            raise RuntimeError(f"msgspec decoded {count} lines of {path}, expected {expect}")
+        return count, size
+
+    return Case(MSGSPEC_ID, "scan", f"msgspec decode_lines alone, same {expect:,} JSONL lines", op, timed=False,
+                meta={"records": expect, "logical_bytes": size})
+
+
+# --- repair ---------------------------------------------------------------------------
+
+
+def repair_id(backend: str) -> str:
+    return f"repair/{backend}"
+
+
+_TORN_LINE = b'{"seq":999999999,"ts":1735689600.0,"type":"tool/result","turn":"t","output":"cut short by a cr'
+
+
+def _torn_bytes(backend: str) -> bytes:
+    if backend == "zstd":
+        import zstandard
+
+        frame = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True).compress(
+            _TORN_LINE + b'ash"}\n'
+        )
+        return frame[: len(frame) // 2]  # a frame cut short at EOF
+    return _TORN_LINE  # a line without its newline at EOF
+
+
+def repair_cases(backends: list[Backend], corpus: Corpus) -> tuple[list[Case], list[Result]]:
+    """A repair case per file backend, on its own copy of the corpus."""
+    cases: list[Case] = []
+    results: list[Result] = []
+    mb = corpus.logical_bytes("repair") / 1e6
+    for backend in backends:
+        label = f"{backend.name}: repair of a torn {mb:.0f} MB log"
+        if backend.store is None:
+            results.append(skipped(repair_id(backend.name), "repair", label, backend.reason or "not available"))
+            continue
+        if not hasattr(backend.store, "path_of"):
+            results.append(skipped(repair_id(backend.name), "repair", label,
+                                   "no torn bytes in a database: a transaction commits whole"))
+            continue
+        try:
+            sid = _import(backend, "repair", corpus)
+            path = backend.store.path_of(sid)
+            torn = _torn_bytes(backend.name)
+            tear = _tearer(path, torn, backend.store.directory, os.path.basename(path))
+            tear()
+        except Exception as exc:
+            results.append(Result(repair_id(backend.name), "repair", label, "records/s", status="error",
+                                  reason=f"setup failed: {type(exc).__name__}: {exc}"))
+            continue
+        cases.append(Case(repair_id(backend.name), "repair", label, _repairer(backend.store, sid, corpus),
+                          timed=False, reset=tear,
+                          meta={"backend": backend.name, "logical_bytes": corpus.logical_bytes(sid),
+                                "disk_bytes": os.path.getsize(path)}))
+    return cases, results
+
+
+def _repairer(store: object, sid: str, corpus: Corpus) -> Callable[[], Work]:
+    def op() -> Work:
+        report = store.repair(sid)  # type: ignore[attr-defined]
+        if report.status != "repaired" or not report.truncated_bytes:
+            raise RuntimeError(f"repair of {sid}: {report.status} ({report.reason}); expected a cut torn tail")
+        return corpus.count(), corpus.logical_bytes(sid)
+
+    return op
+
+
+def _tearer(path: str, torn: bytes, directory: str, log_name: str) -> Callable[[], None]:
+    def tear() -> None:
+        for name in os.listdir(directory):
+            if name.startswith(log_name + ".") and name.endswith(".quarantine"):
+                os.unlink(os.path.join(directory, name))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, torn)
+        finally:
+            os.close(fd)
+
+    return tear
+
+
+# --- compression ----------------------------------------------------------------------
+
+
+def compression_results(backends: list[Backend], made: dict[str, str], corpus: Corpus) -> list[Result]:
+    """The Zstd session's on-disk ratio, and the ratio per frame size with the backend's framing."""
+    zstd = next((b for b in backends if b.name == "zstd"), None)
+    label = "zstd: JSONL bytes / on-disk bytes, 64 records per frame (as stored)"
+    if zstd is None or zstd.store is None or "zstd" not in made:
+        reason = (zstd.reason if zstd is not None and zstd.reason else "zstd backend not measured")
+        return [skipped("compression/zstd/stored-64", "compression", label, reason, unit="x")]
+    sid = made["zstd"]
+    logical = corpus.logical_bytes(sid)
+    disk = os.path.getsize(zstd.store.path_of(sid))
+    out = [_ratio("compression/zstd/stored-64", label, logical, disk, 64)]
+    framing = zstd.store.framing
+    lines = [corpus.header(sid), *corpus.body]
+    for per in FRAME_SIZES:
+        size = 0
+        for i in range(0, len(lines), per):
+            size += len(framing.encode(lines[i : i + per]))
+        out.append(_ratio(f"compression/zstd/frame-{per}", f"zstd level {getattr(framing, 'level', '?')}: "
+                          f"{per} record{'s' if per > 1 else ''} per frame", logical, size, per))
+    return out
+
+
+def _ratio(id: str, label: str, logical: int, disk: int, per_frame: int) -> Result:
+    ratio = logical / disk if disk else 0.0
+    return Result(id, "compression", label, "x", median=ratio, rounds=[ratio],
+                  meta={"logical_bytes": logical, "disk_bytes": disk, "records_per_frame": per_frame})
+

@@ -1,0 +1,143 @@
+"""The targets: each a bar on a ratio of two medians measured in the same run.
+
+A target is not a timed test: a run reports each one as PASS, MISS, SKIP (one side was
+not measured: the thing does not exist yet) or INFO (reported without a bar). Only
+``zstd scan`` and the memory bound compare against a fixed number, as the issue sets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .rounds import Result
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """``numerator / denominator >= bar`` (``denominator`` None: against ``constant``)."""
+
+    id: str
+    description: str
+    numerator: str
+    denominator: str | None
+    bar: float | None
+    constant: float = 1.0
+
+
+def file_backend_targets(backend: str) -> list[Target]:
+    return [
+        Target(f"{backend}-append-1", f"{backend} durable append, batch 1, session handle / raw 1 per sync",
+               f"append/{backend}/batch-1", "ceiling/sync-1", 0.9),
+        Target(f"{backend}-append-64", f"{backend} durable append, batch 64 / raw 64 per sync",
+               f"append/{backend}/batch-64", "ceiling/sync-64", 0.7),
+        Target(f"{backend}-append-1024", f"{backend} durable append, batch 1024 / raw 1024 per sync",
+               f"append/{backend}/batch-1024", "ceiling/sync-1024", 0.5),
+        Target(f"{backend}-oneshot-1", f"{backend} one-shot store.append (lock per call) / raw 1 per sync",
+               f"append/{backend}/oneshot-1", "ceiling/sync-1", None),
+        Target(f"{backend}-sessions-100", f"{backend} 100 sessions round-robin / raw 1 per sync",
+               f"append/{backend}/sessions-100", "ceiling/sync-1", None),
+        Target(f"{backend}-write-behind-64", f"{backend} write-behind, 64 producers / durable batch 1",
+               f"write-behind/{backend}/producers-64", f"append/{backend}/batch-1", 10.0),
+    ]
+
+
+def all_targets(backends: list[str]) -> list[Target]:
+    """Every target of a run over ``backends`` (names), in report order."""
+    out: list[Target] = []
+    for name in ("jsonl", "zstd"):
+        if name in backends:
+            out.extend(file_backend_targets(name))
+    if "sqlite" in backends:
+        out += [
+            Target("sqlite-commit-1", "sqlite backend batch 1 / stdlib sqlite3 read tail+insert+commit",
+                   "append/sqlite/batch-1", "peer/sqlite3/tail-commit-1", 0.8),
+            Target("sqlite-executemany-1024", "sqlite backend batch 1024 / stdlib sqlite3 executemany 1024",
+                   "append/sqlite/batch-1024", "peer/sqlite3/executemany-1024", 0.8),
+            Target("sqlite-write-behind-64", "sqlite write-behind, 64 producers / durable batch 1",
+                   "write-behind/sqlite/producers-64", "append/sqlite/batch-1", 10.0),
+        ]
+    if "postgresql" in backends:
+        out += [
+            Target("postgresql-append-1", "postgresql batch 1 / stdlib sqlite3 read tail+insert+commit",
+                   "append/postgresql/batch-1", "peer/sqlite3/tail-commit-1", None),
+        ]
+    if "jsonl" in backends:
+        out.append(Target("jsonl-scan", "jsonl store.scan / msgspec decoding the same lines alone",
+                          "scan/jsonl", "scan/msgspec-baseline", 0.5))
+    if "zstd" in backends:
+        out += [
+            Target("zstd-scan", "zstd store.scan >= 0.5M records/s at 64 records per frame",
+                   "scan/zstd", None, 1.0, constant=500_000.0),
+            Target("zstd-ratio", "zstd compression ratio >= 3.5x at 64 records per frame",
+                   "compression/zstd/stored-64", None, 1.0, constant=3.5),
+        ]
+    out.append(Target("agents-adapter", "Agents SDK session adapter / SQLiteSession, add_items per item",
+                      "adapter/openai-agents/add-items-1", "peer/openai-agents/add-items-1", 1.5))
+    return out
+
+
+def evaluate(targets: list[Target], results: dict[str, Result]) -> list[dict[str, Any]]:
+    """Each target with its measured ratio and verdict (PASS, MISS, SKIP, INFO).
+
+    For a target against a constant the ratio shown is ``value / constant`` scaled back:
+    ``ratio`` is the measured value over the constant and ``bar`` is 1.0, so "0.62" reads
+    as "62% of the way"; ``value`` carries the measured figure itself."""
+    rows = []
+    for t in targets:
+        num = results.get(t.numerator)
+        den = results.get(t.denominator) if t.denominator is not None else None
+        row: dict[str, Any] = {
+            "id": t.id, "description": t.description, "numerator": t.numerator, "denominator": t.denominator,
+            "bar": t.bar, "ratio": None, "value": None, "verdict": "SKIP", "reason": None,
+        }
+        if t.denominator is None:
+            row["constant"] = t.constant
+        missing = [r for r, rid in ((num, t.numerator), (den, t.denominator))
+                   if rid is not None and (r is None or r.status != "ok" or not r.median)]
+        if missing or num is None:
+            reasons = []
+            for rid in (t.numerator, t.denominator):
+                if rid is None:
+                    continue
+                r = results.get(rid)
+                if r is None:
+                    reasons.append(f"{rid} not measured")
+                elif r.status != "ok" or not r.median:
+                    reasons.append(f"{rid}: {r.reason or r.status}")
+            row["reason"] = "; ".join(reasons)
+            rows.append(row)
+            continue
+        assert num.median is not None
+        row["value"] = num.median
+        ratio = num.median / (den.median if den is not None and den.median else t.constant)
+        row["ratio"] = ratio
+        row["verdict"] = "INFO" if t.bar is None else ("PASS" if ratio >= t.bar else "MISS")
+        rows.append(row)
+    return rows
+
+
+def memory_target(memory: dict[str, Any] | None) -> dict[str, Any]:
+    """The memory bound as a target row: the scan read every record of the large log, and
+    its peak RSS grew over the small-log baseline by at most the bound (a multiple of the
+    record limit): ``ratio`` is growth / bound, which must be <= 1 (``bar_op``)."""
+    row: dict[str, Any] = {
+        "id": "scan-memory", "description": "CLI scan of a large log: peak RSS growth within 32 record limits",
+        "numerator": "memory.growth_bytes", "denominator": "memory.bound_bytes", "bar": None,
+        "ratio": None, "value": None, "verdict": "SKIP", "reason": None,
+    }
+    if not memory:
+        row["reason"] = "not measured"
+        return row
+    if memory.get("exit_code") != 0 or memory.get("scanned_records") != memory.get("log_records"):
+        row["verdict"] = "MISS"
+        row["reason"] = (f"scan exited {memory.get('exit_code')} with {memory.get('scanned_records')} of "
+                         f"{memory.get('log_records')} records: {memory.get('stderr')}")
+        return row
+    growth, bound = memory["growth_bytes"], memory["bound_bytes"]
+    row["value"] = growth
+    row["ratio"] = growth / bound  # lower is better: at most 1.0
+    row["bar"] = 1.0
+    row["bar_op"] = "<="
+    row["verdict"] = "PASS" if growth <= bound else "MISS"
+    return row
