@@ -142,8 +142,8 @@ def resolve_target(text: str) -> tuple[str, str | None]:
 
 
 def _open_source(url: str) -> EventStore:
-    """Open SRC without writing to it: a file store's directory must exist and is not
-    created or swept."""
+    """Open SRC without writing to it: a file store's directory (or a SQLite file) must
+    exist; a file store's directory is not created or swept."""
     scheme = scheme_of(url)
     if scheme in ("jsonl", "zstd"):
         directory = url.partition(":")[2]
@@ -151,6 +151,10 @@ def _open_source(url: str) -> EventStore:
         if not os.path.isdir(directory):
             raise SessionNotFound(f"{directory}: no such store directory")
         return open_store(url, create_dir=False)
+    if scheme == "sqlite":
+        path = url.partition(":///")[2].partition("?")[0]
+        if path and path != ":memory:" and not os.path.isfile(path):
+            raise SessionNotFound(f"{path}: no such SQLite store")
     return open_store(url)
 
 

@@ -476,3 +476,65 @@ def test_repair_then_rescan_is_clean_and_idempotent(data, tmp_path_factory):
     repaired = path.read_bytes()
     assert store.repair("s").status == "clean"
     assert path.read_bytes() == repaired
+
+
+# --- large, multi-block frames (what compact writes) ------------------------------
+
+
+class BigLog(tuple):
+    def __repr__(self) -> str:  # keep hypothesis' failure reports short
+        return "<big log>"
+
+
+@pytest.fixture(scope="module")
+def big_log(tmp_path_factory) -> tuple[str, bytes]:
+    """A compacted session whose frames span several 128 KiB blocks."""
+    d = tmp_path_factory.mktemp("big")
+    store = open_zstd(str(d))
+    store.create("s")
+    rnd = __import__("random").Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "tool", "call", "result", "file", "line"]
+    for i in range(40):
+        store.append("s", [{"type": "tool/result", "call_id": f"c{i}", "is_error": False,
+                            "output": " ".join(rnd.choice(words) + str(rnd.randrange(10**6)) for _ in range(3000))}])
+    assert store.compact("s", frame_bytes=300_000).status == "compacted"
+    return BigLog((str(d), (d / "s.jsonl.zst").read_bytes()))
+
+
+def test_large_frames_have_several_blocks_and_append_after_them(big_log, tmp_path):
+    d, log = big_log
+    frames = split_frames(log)
+    assert len(frames) >= 3 and max(map(len, frames)) > 1 << 16  # beyond the tail read-ahead
+    kept, scanner = scan(log)
+    assert scanner.damage is None and kept == records_of(frames)
+    copy = tmp_path / "s.jsonl.zst"
+    copy.write_bytes(log)
+    store = open_zstd(str(tmp_path))
+    assert store.append("s", [{"type": "after-big-frame"}]) == len(kept) + 1
+
+
+@SETTINGS
+@given(data=st.data())
+def test_large_frames_cut_or_flipped_anywhere(big_log, data):
+    _, log = big_log
+    frames = split_frames(log)
+    starts = [sum(map(len, frames[:i])) for i in range(len(frames))]
+    at = data.draw(st.integers(starts[1], len(log) - 1))
+    k = max(i for i, s in enumerate(starts) if s <= at)
+    kept, scanner = scan(log[:at])
+    assert kept == records_of(frames[:k])
+    if at == starts[k]:
+        assert scanner.damage is None
+    else:
+        assert scanner.damage.kind is DamageKind.TORN and scanner.damage.offset == starts[k]
+    bad = bytearray(log)
+    bad[at] ^= data.draw(st.integers(1, 255))
+    try:
+        kept, scanner = scan(bytes(bad))
+    except CorruptLog as exc:
+        assert "exceeds" in str(exc)
+        return
+    if scanner.damage is None:  # a don't-care bit: the content is the original
+        assert kept == records_of(frames)
+    else:
+        assert kept == records_of(frames[:k]) and scanner.damage.offset == starts[k]
