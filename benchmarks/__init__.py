@@ -55,8 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmarks; print a table (or ``--json``); returns the exit code (0, or 2
     for a usage error). Figures go to stdout, progress to stderr."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]  # ``sessionlog bench -- --json``: the separator is not ours
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
 
@@ -100,9 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             print(f"bench: {message}", file=sys.stderr, flush=True)
 
-    command = "sessionlog bench " + " ".join(
-        a if not a.startswith("postgresql") else "URL" for a in (argv if argv is not None else sys.argv[1:])
-    )
+    command = "sessionlog bench " + " ".join(a if not a.startswith("postgresql") else "URL" for a in argv)
     doc = run(settings, directory, progress, command.strip())
     if args.plot:
         report.plot(doc, args.plot)

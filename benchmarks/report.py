@@ -6,7 +6,6 @@ renders that one document, so the table, the markdown and the plot never disagre
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -179,7 +178,12 @@ def markdown(doc: dict[str, Any], plot_name: str | None) -> str:
 
 
 def matplotlib_available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    """True when ``--plot`` can draw (the optional ``plot`` extra is installed)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
