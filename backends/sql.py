@@ -25,7 +25,10 @@ Guarantees (DESIGN.md section 4):
   is the number of bytes stored in the rows after it. An undecodable row followed by
   rows that decode is ``mid-log``; undecodable rows at the end are ``corrupt``; a row
   whose seq is not the next one (a gap, or a seq column that disagrees with its record)
-  is ``seq-break``.
+  is ``seq-break``. Opening a session for append (``session()``, a one-shot ``append``)
+  checks the header, the last row and the row count: a damaged last row or a gap is
+  CorruptLog there; an undecodable row in the middle is found by ``scan`` (as on the file
+  backends, which validate only the tail when opening).
 - ``repair`` writes in one transaction, conditional on the rows it scanned: rows after a
   break move to ``sessionlog_quarantine`` (with ``force``; never deleted), then the
   ``log/truncated`` marker, synthetic results and closers are appended.
