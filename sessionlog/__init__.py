@@ -38,6 +38,7 @@ from .contract import (
 )
 from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
 from .scan import Limits
+from .writer import WriteBehind
 
 __version__ = "0.1.0"
 
@@ -109,6 +110,7 @@ __all__ = [
     "Status",
     "StoreClosed",
     "UnsupportedFormat",
+    "WriteBehind",
     "open_store",
     "scheme_of",
 ]
