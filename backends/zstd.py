@@ -21,6 +21,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import zstandard
 
@@ -37,7 +38,7 @@ from sessionlog.durable import O_NOFOLLOW, OS, FileLock, FileSystem, fsync_dir, 
 from sessionlog.events import Record
 from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
 
-from .filestore import FileStore, _fd_reader
+from .filestore import FileStore
 from .zstd_frames import Broken, FrameLimits, FrameScan, Shape, ZSTD_MAGIC, decompress_frame, frame_records, walk_frame
 
 DEFAULT_LEVEL = 3
@@ -116,6 +117,19 @@ class ZstdFraming:
             last = _last_frame_forward(src, size, first, where, limits, flimits)
         records = header if last is None else last
         return records[-1].seq, records[-1].ts
+
+
+def _fd_reader(fs: FileSystem, fd: int) -> Callable[[int], bytes]:
+    """Sequential ``read(n)`` over an open file from offset 0, through the I/O seam."""
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        chunk = fs.pread(fd, n, pos)
+        pos += len(chunk)
+        return chunk
+
+    return read
 
 
 class _PreadSource:
@@ -383,7 +397,7 @@ class ZstdStore(FileStore):
                                   "the log was left unchanged")
 
 
-def _regroup(records: Iterator[Record] | FrameScan, frame_bytes: int, digest: hashlib._Hash,
+def _regroup(records: Iterator[Record] | FrameScan, frame_bytes: int, digest: Any,
              progress: Callable[[int], None] | None) -> Iterator[bytes]:
     """Frame contents of up to ``frame_bytes`` (a larger record alone in its frame)."""
     lines: list[bytes] = []
