@@ -106,6 +106,8 @@ class ZstdFraming:
         pos = 0
         first: Shape | None = None
         while first is None:
+            if pos >= size:
+                raise CorruptLog(f"{where}: not a session log: no data frame", path=where, offset=pos)
             shape = _whole(walk_frame(src.get, pos, flimits), where)
             if not shape.skippable:
                 first = shape

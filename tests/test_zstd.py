@@ -538,3 +538,47 @@ def test_large_frames_cut_or_flipped_anywhere(big_log, data):
         assert kept == records_of(frames)
     else:
         assert kept == records_of(frames[:k]) and scanner.damage.offset == starts[k]
+
+
+CHILD_WRITER = """
+import sys
+import sessionlog
+store = sessionlog.open_store(sys.argv[1])
+store.create("s")
+with store.session("s") as handle:
+    print("ready", flush=True)
+    i = 0
+    while True:
+        n = 1 + i % 5
+        handle.append([{"type": "batch", "batch": i, "part": j, "of": n, "pad": "x" * (i % 700)} for j in range(n)])
+        print(i, flush=True)
+        i += 1
+"""
+
+
+@pytest.mark.kill
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
+def test_sigkill_mid_append_leaves_whole_batches_and_every_acknowledged_one(tmp_path, delay):
+    import signal
+    import sys
+    import time
+
+    url = f"zstd:{tmp_path / 'st'}"
+    child = subprocess.Popen([sys.executable, "-c", CHILD_WRITER, url], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(delay)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    acknowledged = [int(x) for x in child.stdout.read().split()]
+    store = sessionlog.open_store(url)
+    result = store.scan("s")
+    batches_seen: dict[int, list[int]] = {}
+    for r in result.records[1:]:
+        batches_seen.setdefault(r["batch"], []).append(r["part"])
+    for i, parts in batches_seen.items():
+        assert parts == list(range(1 + i % 5)), f"batch {i} is not whole: {parts}"
+    assert set(acknowledged) <= set(batches_seen)
+    assert sorted(batches_seen) == list(range(len(batches_seen)))
+    assert len(batches_seen) - len(acknowledged) in (0, 1)
+    store.repair("s")
+    assert store.scan("s").status == "clean"
