@@ -31,7 +31,6 @@ from .contract import (
     SessionExists,
     SessionLogError,
     SessionNotFound,
-    UnsupportedFormat,
 )
 from .events import Record
 
@@ -211,7 +210,7 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         return ConvertResult(sid, "exists", reason=f"{dst.url}: session {sid!r} already exists; not overwritten")
     try:
         scan = src.scan(sid)
-    except (UnsupportedFormat, SessionLogError) as exc:
+    except SessionLogError as exc:  # not a session log, UnsupportedFormat, IOFailure
         return ConvertResult(sid, "error", reason=str(exc))
     if scan.owned:
         return ConvertResult(sid, "locked", reason="a writer owns the session; convert it when the writer is done",
@@ -239,9 +238,12 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
     digest = hashlib.sha256()
     count = 0
 
+    reader = src.read(sid)
+
     def stream() -> Iterator[Record]:
         nonlocal count
-        prefix = itertools.takewhile(lambda r: r.seq <= scan.last_seq, src.read(sid))
+        # Exactly the prefix the scan reported, then the repair plan's records (if any).
+        prefix = itertools.takewhile(lambda r: r.seq <= scan.last_seq, reader)
         for record in itertools.chain(prefix, appended):
             digest.update(record.raw)
             digest.update(b"\n")
@@ -258,6 +260,10 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         return ConvertResult(sid, "error", reason=f"SRC changed while converting: {exc}", scan=scan)
     except SessionLogError as exc:
         return ConvertResult(sid, "error", reason=str(exc), scan=scan)
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()  # release SRC's file handle even when the prefix ended early
     if progress is not None and count % 256:
         progress(count % 256)
     expected = scan.last_seq + len(appended)
@@ -273,7 +279,7 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
 def _raw(record: object) -> bytes:
     import msgspec
 
-    return msgspec.json.encode(record)
+    return msgspec.json.encode(dict(record))  # type: ignore[call-overload]
 
 
 def _skippable_frames(store: EventStore, sid: str) -> int:

@@ -7,7 +7,6 @@ import io
 import os
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 import zstandard
@@ -15,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sessionlog
-from sessionlog import AppendFailed, CorruptLog, DamageKind, InvalidEvent, InvalidStoreUrl, Limits
-from sessionlog.backends.zstd import ZstdFraming, compress_frame, open_zstd
+from sessionlog import AppendFailed, CorruptLog, DamageKind, InvalidStoreUrl, Limits
+from sessionlog.backends.zstd import compress_frame, open_zstd
 from sessionlog.backends.zstd_frames import FrameScan
 from sessionlog.convert import convert
 from sessionlog.durable import FileSystem
