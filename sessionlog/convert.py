@@ -360,7 +360,9 @@ def terminal_progress(description: str, total: int | None = None) -> Iterator[Ca
 
 def count_records(url: str, session: str | None = None) -> int:
     """The total a progress bar for ``convert``/``compact`` of ``url`` counts up to
-    (a scan of each session; never writes)."""
+    (a scan of each session; never writes). ``url`` may be a plain path, as for convert."""
+    url, named = resolve_target(url)
+    session = session if session is not None else named
     store = _open_source(url)
     try:
         ids = [session] if session is not None else store.sessions()
