@@ -11,7 +11,6 @@ import errno
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -19,6 +18,7 @@ from sessionlog.contract import (
     AppendFailed,
     CorruptLog,
     Damage,
+    ImportCheck,
     InvalidEvent,
     InvalidSessionId,
     IOFailure,
@@ -26,11 +26,9 @@ from sessionlog.contract import (
     ScanResult,
     SequenceConflict,
     SessionExists,
-    SessionLocked,
     SessionLogError,
     SessionNotFound,
     StoreClosed,
-    ImportCheck,
     events_list,
 )
 from sessionlog.durable import (
@@ -47,7 +45,15 @@ from sessionlog.durable import (
     quarantine_name,
     sweep_temps,
 )
-from sessionlog.events import LOG_TRUNCATED, Record, RecordError, TruncatedView, encode_record, header_event, valid_session_id
+from sessionlog.events import (
+    LOG_TRUNCATED,
+    Record,
+    RecordError,
+    TruncatedView,
+    encode_record,
+    header_event,
+    valid_session_id,
+)
 from sessionlog.scan import DEFAULT_LIMITS, Limits
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 

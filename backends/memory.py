@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sessionlog.contract import (
+    ImportCheck,
     InvalidEvent,
     InvalidSessionId,
     RepairReport,
@@ -18,10 +19,15 @@ from sessionlog.contract import (
     SessionLocked,
     SessionNotFound,
     StoreClosed,
-    ImportCheck,
     events_list,
 )
-from sessionlog.events import Record, RecordError, encode_record, header_event, valid_session_id
+from sessionlog.events import (
+    Record,
+    RecordError,
+    encode_record,
+    header_event,
+    valid_session_id,
+)
 from sessionlog.scan import DEFAULT_LIMITS, Limits
 from sessionlog.transcript import PendingCalls, crash_plan
 

@@ -83,7 +83,6 @@ from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 
 from .sql_engines import (
     SCHEMA_LOCK_KEY,
-    UNIQUE_VIOLATION,
     DurabilityRefused,
     EngineKind,
     PostgresKind,
@@ -91,7 +90,7 @@ from .sql_engines import (
     _quiet,
     driver_error,
 )
-from .sql_schema import Schema, build_schema, check_version
+from .sql_schema import build_schema, check_version
 
 __all__ = ["DurabilityRefused", "RowScan", "SqlSession", "SqlStore", "open_url"]
 

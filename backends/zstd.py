@@ -34,12 +34,29 @@ from sessionlog.contract import (
     SessionLogError,
     SessionNotFound,
 )
-from sessionlog.durable import O_NOFOLLOW, OS, FileLock, FileSystem, fsync_dir, temp_name, write_all
+from sessionlog.durable import (
+    O_NOFOLLOW,
+    OS,
+    FileLock,
+    FileSystem,
+    fsync_dir,
+    temp_name,
+    write_all,
+)
 from sessionlog.events import Record
 from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
 
 from .filestore import FileStore
-from .zstd_frames import Broken, FrameLimits, FrameScan, Shape, ZSTD_MAGIC, decompress_frame, frame_records, walk_frame
+from .zstd_frames import (
+    ZSTD_MAGIC,
+    Broken,
+    FrameLimits,
+    FrameScan,
+    Shape,
+    decompress_frame,
+    frame_records,
+    walk_frame,
+)
 
 DEFAULT_LEVEL = 3
 """Per-append frames are small; level 3 is zstd's default speed/ratio balance."""

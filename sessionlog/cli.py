@@ -8,15 +8,15 @@ sessions the worst wins, in the order 4 > 5 > 3 > 1 > 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TextIO
 
-from . import InvalidStoreUrl, open_store, scheme_of
+from . import InvalidStoreUrl, exits, open_store
 from .contract import (
     EventStore,
     RepairReport,
@@ -26,15 +26,11 @@ from .contract import (
     Status,
     UnsupportedFormat,
 )
-from .events import valid_session_id
+from .targets import open_source, resolve_target
 
-EXIT_OK = 0
-EXIT_REPAIRABLE = 1
-EXIT_USAGE = 2
-EXIT_NEEDS_FORCE = 3
-EXIT_ERROR = 4
-EXIT_LOCKED = 5
-_SEVERITY = {EXIT_OK: 0, EXIT_REPAIRABLE: 1, EXIT_NEEDS_FORCE: 2, EXIT_LOCKED: 3, EXIT_ERROR: 4}
+EXIT_OK, EXIT_REPAIRABLE, EXIT_USAGE = exits.OK, exits.REPAIRABLE, exits.USAGE
+EXIT_NEEDS_FORCE, EXIT_ERROR, EXIT_LOCKED = exits.NEEDS_FORCE, exits.ERROR, exits.LOCKED
+worst = exits.worst
 
 _STATUS_EXIT = {
     Status.CLEAN: EXIT_OK,
@@ -45,14 +41,6 @@ _STATUS_EXIT = {
     Status.ERROR: EXIT_ERROR,
 }
 
-_FILE_SUFFIXES = {".jsonl.zst": "zstd", ".jsonl": "jsonl"}
-_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
-
-
-def worst(codes: Sequence[int]) -> int:
-    """The exit code of several sessions: 4 over 5 over 3 over 1 over 0."""
-    return max(codes, key=lambda c: _SEVERITY[c], default=EXIT_OK)
-
 
 class UsageError(Exception):
     """A target or option the command cannot make sense of (exit 2)."""
@@ -61,102 +49,49 @@ class UsageError(Exception):
 # --- targets ---------------------------------------------------------------------------
 
 
-@dataclass
-class Target:
-    """A store and the sessions of it a command works on."""
-
-    url: str
-    sessions: list[str] | None  # None: every session of the store
-
-
-def resolve_target(text: str, session: str | None = None) -> list[Target]:
-    """A log file, a store directory or a store URL, as (store URL, sessions) pairs.
-
-    A directory holding both ``*.jsonl`` and ``*.jsonl.zst`` sessions is two stores."""
-    only = [session] if session is not None else None
-    if os.path.isdir(text):
-        names = os.listdir(text)
-        found = [
-            Target(f"{scheme}:{text}", only)
-            for suffix, scheme in (("jsonl.zst", "zstd"), ("jsonl", "jsonl"))
-            if any(n.endswith("." + suffix) and not n.startswith(".") and
-                   (scheme != "jsonl" or not n.endswith(".zst")) for n in names)
-        ]
-        return found or [Target(f"jsonl:{text}", only)]
-    if os.path.isfile(text) or os.path.islink(text):
-        base = os.path.basename(text)
-        directory = os.path.dirname(text) or "."
-        for suffix, scheme in _FILE_SUFFIXES.items():
-            if base.endswith(suffix):
-                sid = base[: -len(suffix)]
-                if not valid_session_id(sid):
-                    raise UsageError(f"{text}: {sid!r} is not a valid session id")
-                if session is not None and session != sid:
-                    raise UsageError(f"{text} holds session {sid!r}, not {session!r}")
-                return [Target(f"{scheme}:{directory}", [sid])]
-        if base.endswith(_SQLITE_SUFFIXES):
-            return [Target(f"sqlite:///{os.path.abspath(text)}", only)]
-        raise UsageError(f"{text}: not a session log (expected *.jsonl, *.jsonl.zst or an SQLite database)")
-    if ":" in text and not text.startswith((".", "/")):
-        scheme_of(text)
-        return [Target(text, only)]
-    raise UsageError(f"{text}: no such file, directory or store URL")
+def _target(text: str, session: str | None) -> tuple[str, str | None]:
+    """The store URL and the one session (or None: all) a TARGET and --session name."""
+    if ":" not in text and not os.path.exists(text):
+        raise UsageError(f"{text}: no such file, directory or store URL")
+    url, named = resolve_target(text)
+    if named is not None and session is not None and named != session:
+        raise UsageError(f"{text} holds session {named!r}, not {session!r}")
+    return url, named if named is not None else session
 
 
 def _open(url: str, *, writing: bool) -> EventStore:
-    options: dict[str, Any] = {}
-    if scheme_of(url) in ("jsonl", "zstd") and not writing:
-        options["create_dir"] = False  # a scan never writes, not even a directory
-    return open_store(url, **options)
+    return open_store(url) if writing else open_source(url)
 
 
-def _each_session(targets: list[Target], *, writing: bool) -> Iterator[tuple[EventStore, str]]:
-    for target in targets:
-        store = _open(target.url, writing=writing)
-        try:
-            ids = target.sessions if target.sessions is not None else store.sessions()
-            for sid in ids:
-                yield store, sid
-        finally:
-            store.close()
+def _sessions(store: EventStore, session: str | None) -> list[str]:
+    return [session] if session is not None else store.sessions()
 
 
-def _count(targets: list[Target]) -> int:
-    total = 0
-    for target in targets:
-        if target.sessions is not None:
-            total += len(target.sessions)
-        else:
-            with _open(target.url, writing=False) as store:
-                total += len(store.sessions())
-    return total
+@contextlib.contextmanager
+def _progress(label: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """Advance a progress bar on stderr when it is a terminal and the work is long."""
+    if not sys.stderr.isatty() or (total is not None and total < 20):
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
-
-class _Progress:
-    """A progress bar on a terminal for long work; silent otherwise."""
-
-    def __init__(self, total: int, label: str) -> None:
-        self._bar: Any = None
-        if total > 20 and sys.stderr.isatty():
-            from rich.progress import Progress
-
-            self._bar = Progress(transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task(label, total=total)
-
-    def advance(self) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 # --- scan ------------------------------------------------------------------------------
 
 
-def scan_row(sid: str, store: EventStore, result: ScanResult | None, error: SessionLogError | None) -> dict[str, Any]:
+def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None) -> dict[str, Any]:
     if result is None:
         assert error is not None
         status = Status.UNSUPPORTED if isinstance(error, UnsupportedFormat) else Status.ERROR
@@ -182,24 +117,23 @@ def _row_exit(row: dict[str, Any]) -> int:
 
 
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
-    targets = resolve_target(args.target, args.session)
+    url, session = _target(args.target, args.session)
     rows: list[dict[str, Any]] = []
     codes: list[int] = []
-    progress = _Progress(_count(targets), "scanning")
-    try:
-        for store, sid in _each_session(targets, writing=False):
-            try:
-                row = scan_row(sid, store, store.scan(sid), None)
-            except SessionLogError as exc:
-                row = scan_row(sid, store, None, exc)
-            codes.append(_row_exit(row))
-            if args.json:
-                out.write(json.dumps(row) + "\n")
-            else:
-                rows.append(row)
-            progress.advance()
-    finally:
-        progress.close()
+    with _open(url, writing=False) as store:
+        ids = _sessions(store, session)
+        with _progress("scanning", len(ids)) as advance:
+            for sid in ids:
+                try:
+                    row = scan_row(sid, store.scan(sid), None)
+                except SessionLogError as exc:
+                    row = scan_row(sid, None, exc)
+                codes.append(_row_exit(row))
+                if args.json:
+                    out.write(json.dumps(row) + "\n")
+                else:
+                    rows.append(row)
+                advance(1)
     if not args.json:
         _print_scan_table(rows, out)
     return worst(codes)
@@ -248,12 +182,11 @@ def _width(out: TextIO) -> int:
 
 
 def cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
-    targets = resolve_target(args.target, args.session)
+    url, session = _target(args.target, args.session)
     codes: list[int] = []
     reports: list[dict[str, Any]] = []
-    progress = _Progress(_count(targets), "repairing")
-    try:
-        for store, sid in _each_session(targets, writing=not args.dry_run):
+    with _open(url, writing=not args.dry_run) as store, _progress("repairing", None) as advance:
+        for sid in _sessions(store, session):
             code = EXIT_OK
             try:
                 rep = store.repair(sid, force=args.force, dry_run=args.dry_run)
@@ -274,9 +207,7 @@ def cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
                 out.write(json.dumps(row) + "\n")
             else:
                 reports.append(row)
-            progress.advance()
-    finally:
-        progress.close()
+            advance(1)
     if not args.json:
         _print_repair_table(reports, out, dry_run=args.dry_run)
     return worst(codes)
@@ -319,12 +250,12 @@ def repaired_view(store: EventStore, sid: str) -> Iterator[Any]:
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    targets = resolve_target(args.target, args.session)
-    pairs = list(_each_session(targets, writing=False))
-    if len(pairs) != 1:
-        raise UsageError(f"{args.target}: show needs exactly one session (found {len(pairs)}); use --session ID")
-    store, sid = pairs[0]
-    with _open(store.url, writing=False) as store:
+    url, session = _target(args.target, args.session)
+    with _open(url, writing=False) as store:
+        ids = _sessions(store, session)
+        if len(ids) != 1:
+            raise UsageError(f"{args.target}: show needs exactly one session (found {len(ids)}); use --session ID")
+        sid = ids[0]
         scan = store.scan(sid)
         if scan.damage is not None and scan.damage.kind.needs_force:
             print(f"warning: {sid}: {scan.damage.kind} at offset {scan.damage.offset}; showing the prefix before it",
@@ -352,59 +283,32 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
-    from . import convert as convert_mod
+    from . import convert
 
-    src = resolve_target(args.src, args.session)
-    if len(src) != 1:
-        raise UsageError(f"{args.src}: holds more than one kind of store; pass a store URL")
-    dst = resolve_target(args.dst) if os.path.exists(args.dst) or ":" in args.dst else [Target(_dir_url(args.dst), None)]
-    results = convert_mod.convert(
-        src[0].url, dst[0].url, session=src[0].sessions[0] if src[0].sessions else None,
-        repaired=args.repaired,
-    )
-    codes = []
+    src, session = _target(args.src, args.session)
+    with _progress("converting", None) as advance:
+        results = convert.convert(src, args.dst, session=session, repaired=args.repaired, progress=advance)
     for res in results:
-        row = res.to_json() if hasattr(res, "to_json") else dict(vars(res))
-        out.write(json.dumps(row) + "\n")
-        status = row.get("status")
-        codes.append(EXIT_OK if status == "converted" else EXIT_NEEDS_FORCE if status == "refused" else EXIT_ERROR)
-    return worst(codes)
-
-
-def _dir_url(path: str) -> str:
-    return f"zstd:{path}" if path.endswith(".zst") else f"jsonl:{path}"
+        out.write(json.dumps({"session": res.session, "status": res.status, "records": res.records,
+                              "reason": res.reason, "warnings": list(res.warnings)}) + "\n")
+        for note in res.warnings:
+            print(f"warning: {note}", file=sys.stderr)
+    return convert.exit_code(results)
 
 
 def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
-    from .backends import zstd
+    from . import convert
 
-    codes = []
-    for target in resolve_target(args.target, args.session):
-        if scheme_of(target.url) != "zstd":
-            raise UsageError(f"{args.target}: compact rewrites Zstd stores (zstd:DIR)")
-        with open_store(target.url) as store:
-            for sid in target.sessions if target.sessions is not None else store.sessions():
-                try:
-                    result = zstd.compact(store, sid)
-                    out.write(json.dumps({"session": sid, "status": "compacted", **_as_dict(result)}) + "\n")
-                    codes.append(EXIT_OK)
-                except SessionLocked as exc:
-                    out.write(json.dumps({"session": sid, "status": "refused", "reason": str(exc)}) + "\n")
-                    codes.append(EXIT_LOCKED)
-                except SessionLogError as exc:
-                    out.write(json.dumps({"session": sid, "status": "refused", "reason": str(exc)}) + "\n")
-                    codes.append(EXIT_ERROR)
-    return worst(codes)
-
-
-def _as_dict(result: Any) -> dict[str, Any]:
-    if result is None:
-        return {}
-    if isinstance(result, dict):
-        return result
-    if hasattr(result, "to_json"):
-        return result.to_json()
-    return {k: v for k, v in vars(result).items() if not k.startswith("_")}
+    url, session = _target(args.target, args.session)
+    with _progress("compacting", None) as advance:
+        results = convert.compact(url, session=session, progress=advance)
+    for res in results:
+        out.write(json.dumps({
+            "session": res.session, "status": res.status, "reason": res.reason,
+            "bytes_before": res.bytes_before, "bytes_after": res.bytes_after,
+            "frames_before": res.frames_before, "frames_after": res.frames_after,
+        }) + "\n")
+    return convert.exit_code(results)
 
 
 def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-from . import InvalidStoreUrl, open_store, scheme_of
+from . import InvalidStoreUrl, open_store
 from .contract import (
     EventStore,
     InvalidEvent,
@@ -33,12 +30,9 @@ from .contract import (
     SessionNotFound,
 )
 from .events import Record
-
-KNOWN_SCHEMES = frozenset({"memory", "jsonl", "zstd", "sqlite", "postgresql"})
-FILE_SCHEMES = {".jsonl.zst": "zstd", ".jsonl": "jsonl"}
-SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
-
-_WORST = {0: 0, 1: 1, 3: 2, 5: 3, 4: 4}  # DESIGN.md section 7: 4 over 5 over 3 over 1 over 0
+from .exits import worst
+from .targets import open_source as _open_source
+from .targets import resolve_target
 
 
 class SkippableFramesDropped(UserWarning):
@@ -97,64 +91,7 @@ class CompactResult:
 
 def exit_code(results: Iterable[ConvertResult | CompactResult]) -> int:
     """The command's exit code: the worst of the sessions' (0 when there are none)."""
-    codes = [r.exit_code for r in results]
-    return max(codes, key=_WORST.__getitem__, default=0)
-
-
-# --- targets ------------------------------------------------------------------------
-
-
-def resolve_target(text: str) -> tuple[str, str | None]:
-    """A store URL and optional session id for a command-line TARGET.
-
-    A store URL stays as it is. A file ``DIR/<id>.jsonl`` / ``DIR/<id>.jsonl.zst`` is
-    that session of ``jsonl:DIR`` / ``zstd:DIR``; a ``.sqlite``/``.db`` file is
-    ``sqlite:///FILE``; a directory holding ``*.jsonl`` (or ``*.jsonl.zst``) files is
-    that store. Raises InvalidStoreUrl when the backend cannot be told (an empty or
-    missing directory, both kinds of files): name it with a URL then."""
-    head, sep, _ = text.partition(":")
-    if sep and head.partition("+")[0].lower() in KNOWN_SCHEMES and not os.path.exists(text):
-        return text, None
-    path = os.path.abspath(text)
-    name = os.path.basename(path)
-    if not os.path.isdir(path):
-        for suffix, scheme in FILE_SCHEMES.items():
-            if name.endswith(suffix) and len(name) > len(suffix):
-                return f"{scheme}:{os.path.dirname(path)}", name[: -len(suffix)]
-        if name.endswith(SQLITE_SUFFIXES):
-            return f"sqlite:///{path}", None
-        if not os.path.exists(path):
-            raise InvalidStoreUrl(f"{text}: no such file or directory; name a new store with a URL (zstd:{text})")
-        raise InvalidStoreUrl(f"{text}: not a session log (*.jsonl, *.jsonl.zst) or store directory")
-    try:
-        names = os.listdir(path)
-    except OSError as exc:
-        raise InvalidStoreUrl(f"{text}: cannot list: {exc.strerror or exc}") from exc
-    found = {scheme for name in names if not name.startswith(".")
-             for suffix, scheme in FILE_SCHEMES.items() if name.endswith(suffix)
-             and not (suffix == ".jsonl" and name.endswith(".jsonl.zst"))}
-    if len(found) == 1:
-        return f"{found.pop()}:{path}", None
-    if not found:
-        raise InvalidStoreUrl(f"{text}: holds no session logs; name the backend with a URL (jsonl:{text}, zstd:{text})")
-    raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
-
-
-def _open_source(url: str) -> EventStore:
-    """Open SRC without writing to it: a file store's directory (or a SQLite file) must
-    exist; a file store's directory is not created or swept."""
-    scheme = scheme_of(url)
-    if scheme in ("jsonl", "zstd"):
-        directory = url.partition(":")[2]
-        directory = directory[2:] if directory.startswith("//") else directory
-        if not os.path.isdir(directory):
-            raise SessionNotFound(f"{directory}: no such store directory")
-        return open_store(url, create_dir=False)
-    if scheme == "sqlite":
-        path = url.partition(":///")[2].partition("?")[0]
-        if path and path != ":memory:" and not os.path.isfile(path):
-            raise SessionNotFound(f"{path}: no such SQLite store")
-    return open_store(url)
+    return worst(r.exit_code for r in results)
 
 
 # --- convert ------------------------------------------------------------------------
@@ -335,43 +272,5 @@ def compact(
                 needs_force=bool(damage is not None and damage.kind.needs_force),
             ))
         return results
-    finally:
-        store.close()
-
-
-# --- progress -----------------------------------------------------------------------
-
-
-@contextmanager
-def terminal_progress(description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
-    """A ``progress`` callback that drives a rich progress bar on stderr when stderr is a
-    terminal, and does nothing otherwise."""
-    if not sys.stderr.isatty():
-        yield lambda n: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
-def count_records(url: str, session: str | None = None) -> int:
-    """The total a progress bar for ``convert``/``compact`` of ``url`` counts up to
-    (a scan of each session; never writes). ``url`` may be a plain path, as for convert."""
-    url, named = resolve_target(url)
-    session = session if session is not None else named
-    store = _open_source(url)
-    try:
-        ids = [session] if session is not None else store.sessions()
-        total = 0
-        for sid in ids:
-            try:
-                total += store.scan(sid).record_count
-            except SessionLogError:
-                continue
-        return total
     finally:
         store.close()

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from .contract import AppendFailed, SessionExists, SessionLocked, SessionLogError
+from .contract import AppendFailed, SessionLocked, SessionLogError
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)

@@ -22,7 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import AppendFailed, EventStore, InvalidEvent, SessionHandle, SessionLogError, StoreClosed
+from .contract import (
+    AppendFailed,
+    EventStore,
+    InvalidEvent,
+    SessionHandle,
+    SessionLogError,
+    StoreClosed,
+)
 
 
 @dataclass
