@@ -40,7 +40,7 @@ def build_parser(prog: str = "sessionlog bench") -> argparse.ArgumentParser:
                         help="also measure PostgreSQL at this URL (postgresql+psycopg://...); "
                         "default $SESSIONLOG_BENCH_POSTGRES_URL")
     parser.add_argument("--backends", metavar="NAMES", help="comma-separated subset: jsonl,zstd,sqlite,postgresql")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 7; smoke 2)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 9; smoke 2)")
     parser.add_argument("--seconds", type=float, help="time per timed case per round (default 0.5; smoke 0.02)")
     parser.add_argument("--scan-records", type=int, help="records in the scan corpus (default 200000)")
     parser.add_argument("--repair-mb", type=float, help="size of the torn log to repair, MB (default 100)")

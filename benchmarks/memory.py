@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -72,23 +71,33 @@ def write_log(path: str, corpus: Corpus, size_bytes: int) -> tuple[int, int]:
     return seq, written
 
 
+# Runs argv[1:] as its child and prints {"code", "maxrss_kib", "stdout", "stderr"} as JSON.
+# This small process is the CLI's parent: Linux counts a child's RSS from its fork, so a
+# child forked straight from the bench (which holds the corpus) would report the bench's size.
+_PEAK_OF_CHILD = """
+import json, os, subprocess, sys, tempfile
+with tempfile.TemporaryFile() as err:
+    proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=err)
+    with proc.stdout:
+        out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err.seek(0)
+    json.dump({"code": proc.returncode, "maxrss_kib": usage.ru_maxrss, "stdout": out.decode("utf-8", "replace"),
+               "stderr": err.read().decode("utf-8", "replace")}, sys.stdout)
+"""
+
+
 def run_with_rusage(argv: list[str]) -> tuple[int, int, float, str, str]:
     """Run ``argv`` as a child; return (exit code, its own peak RSS in bytes, seconds,
-    stdout, stderr). The peak comes from ``os.wait4`` on that child alone."""
+    stdout, stderr). The peak comes from ``os.wait4`` on that child alone, taken by a
+    small intermediate interpreter (see ``_PEAK_OF_CHILD``)."""
     start = time.perf_counter()
-    with tempfile.TemporaryFile() as errfile:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errfile)
-        assert proc.stdout is not None
-        with proc.stdout:
-            out = proc.stdout.read()
-        # wait4 on this pid: the rusage of that child alone, not of every child reaped so far.
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - start
-        errfile.seek(0)
-        err = errfile.read()
+    proc = subprocess.run([sys.executable, "-c", _PEAK_OF_CHILD, *argv], capture_output=True, check=True)
+    seconds = time.perf_counter() - start
+    report = json.loads(proc.stdout)
     # ru_maxrss is in KiB on Linux.
-    return code, usage.ru_maxrss * 1024, seconds, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    return report["code"], report["maxrss_kib"] * 1024, seconds, report["stdout"], report["stderr"]
 
 
 def measure_scan_memory(directory: str, corpus: Corpus, size_mb: int) -> dict[str, Any]:

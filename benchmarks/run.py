@@ -33,7 +33,7 @@ SCHEMA_VERSION = 1
 class Settings:
     """How big and how long a run is. ``smoke`` is CI's few-second run."""
 
-    rounds: int = 7
+    rounds: int = 9
     seconds: float = 0.5
     scan_records: int = 200_000
     repair_mb: float = 100.0
