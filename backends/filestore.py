@@ -48,13 +48,11 @@ from sessionlog.durable import (
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
-    RecordError,
     TruncatedView,
-    encode_record,
     header_event,
     valid_session_id,
 )
-from sessionlog.scan import DEFAULT_LIMITS, Limits
+from sessionlog.scan import DEFAULT_LIMITS, Limits, encode_batch
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 
 READ_CHUNK = 1 << 20
@@ -217,7 +215,7 @@ class FileSession:
                 )
             if not batch:
                 return self._last_seq
-            lines = self.store.encode_batch(batch, self._last_seq + 1, self._last_ts)
+            lines = self.store.encode_batch(batch, self._last_seq + 1)
             data = self.store.framing.encode(lines)
             if len(data) > self.store.limits.batch_limit:
                 raise InvalidEvent(
@@ -360,19 +358,9 @@ class FileStore:
 
     # -- encoding ----------------------------------------------------------------------
 
-    def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int, last_ts: float) -> list[bytes]:
-        """Record lines for ``events`` with seq from ``first_seq``; enforces the record limit."""
-        lines = []
-        limit = self.limits.record_limit
-        for i, event in enumerate(events):
-            try:
-                line = encode_record(event, first_seq + i)
-            except RecordError as exc:
-                raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
-            if len(line) > limit:
-                raise InvalidEvent(f"event {i} of the batch is {len(line)} bytes, over the record limit of {limit}")
-            lines.append(line)
-        return lines
+    def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[bytes]:
+        """Record lines for ``events`` with seq from ``first_seq``, within the limits."""
+        return encode_batch(events, first_seq, self.limits)
 
     # -- the contract ------------------------------------------------------------------
 
@@ -380,7 +368,7 @@ class FileStore:
         """Publish a new session: header (seq 1) and ``events``, durable on return."""
         self._check_id(session_id)
         batch = [header_event(session_id), *events_list(events)]
-        lines = self.encode_batch(batch, 1, 0.0)
+        lines = self.encode_batch(batch, 1)
         data = self.framing.encode(lines)
         if len(data) > self.limits.batch_limit:
             raise InvalidEvent(f"first batch of {len(data)} bytes exceeds the batch limit")
@@ -602,7 +590,7 @@ class FileStore:
             return report
         report.status = "repaired"
         report.reason = str(damage.kind) if damage is not None else "open transcript"
-        lines = self.encode_batch(events, scan.last_seq + 1, scan.last_ts)
+        lines = self.encode_batch(events, scan.last_seq + 1)
         report.appended = [Record.from_line(line) for line in lines]
         return report
 

@@ -23,12 +23,10 @@ from sessionlog.contract import (
 )
 from sessionlog.events import (
     Record,
-    RecordError,
-    encode_record,
     header_event,
     valid_session_id,
 )
-from sessionlog.scan import DEFAULT_LIMITS, Limits
+from sessionlog.scan import DEFAULT_LIMITS, Limits, encode_batch
 from sessionlog.transcript import PendingCalls, crash_plan
 
 
@@ -93,20 +91,7 @@ class MemoryStore:
             raise SessionNotFound(f"memory:{session_id}: no such session") from None
 
     def _encode(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[Record]:
-        out = []
-        size = 0
-        for i, event in enumerate(events):
-            try:
-                line = encode_record(event, first_seq + i)
-            except RecordError as exc:
-                raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
-            if len(line) > self.limits.record_limit:
-                raise InvalidEvent(f"event {i} of the batch is over the record limit")
-            size += len(line) + 1
-            out.append(Record.from_line(line))
-        if size > self.limits.batch_limit:
-            raise InvalidEvent(f"batch of {size} bytes exceeds the batch limit")
-        return out
+        return [Record.from_line(line) for line in encode_batch(events, first_seq, self.limits)]
 
     def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
         self._check_id(session_id)

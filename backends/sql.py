@@ -74,11 +74,10 @@ from sessionlog.events import (
     Record,
     RecordError,
     TruncatedView,
-    encode_record,
     header_event,
     valid_session_id,
 )
-from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
+from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header, encode_batch
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 
 from .sql_engines import (
@@ -521,31 +520,7 @@ class SqlStore:
     def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[bytes]:
         """Record lines for ``events`` with seq from ``first_seq``; enforces the record and
         batch limits (InvalidEvent)."""
-        try:
-            lines = [encode_record(event, seq) for seq, event in enumerate(events, first_seq)]
-        except RecordError:
-            for i, event in enumerate(events):  # name the event at fault
-                try:
-                    encode_record(event, first_seq + i)
-                except RecordError as exc:
-                    raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from None
-            raise  # pragma: no cover - an event that fails only once
-        limit = self.limits.record_limit
-        if len(lines) == 1:
-            size = len(lines[0])
-            if size > limit:
-                raise InvalidEvent(f"event 0 of the batch is {size} bytes, over the record limit of {limit}")
-            size += 1
-        else:
-            if lines and max(map(len, lines)) > limit:
-                i = next(i for i, line in enumerate(lines) if len(line) > limit)
-                raise InvalidEvent(f"event {i} of the batch is {len(lines[i])} bytes, over the record limit of {limit}")
-            size = sum(map(len, lines)) + len(lines)
-        if size > self.limits.batch_limit:
-            raise InvalidEvent(
-                f"batch of {size} bytes exceeds the batch limit of {self.limits.batch_limit} bytes; split it"
-            )
-        return lines
+        return encode_batch(events, first_seq, self.limits)
 
     # -- creating and listing -------------------------------------------------------------
 

@@ -12,7 +12,6 @@ See DESIGN.md for the record format and the guarantees.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
 from .contract import (

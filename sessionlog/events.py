@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -240,6 +240,66 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
 
 
 _CONTAINERS = (dict, list, tuple)
+
+
+def encode_records(
+    events: Sequence[Mapping[str, Any]], first_seq: int, *, record_limit: int, now: float | None = None
+) -> list[bytes]:
+    """Record lines (no newlines) for a batch of new events, seq from ``first_seq``.
+
+    The batch's events share one clock reading for ``ts`` unless they carry their own.
+    Raises :class:`RecordError` naming the first event at fault (not an event, no type,
+    ``seq`` set, not serializable, too deep, longer than ``record_limit`` bytes)."""
+    when = time.time() if now is None else now
+    if not all(_plain(event) for event in events):
+        lines = []
+        for i, event in enumerate(events):
+            try:
+                lines.append(encode_record(event, first_seq + i, when))
+            except RecordError as exc:
+                raise RecordError(f"event {i} of the batch: {exc.reason}") from None
+        return _checked(lines, record_limit, nested=True)
+    # The hot path: one encoder call for the whole batch, then the envelope spliced in
+    # front of each event's members. JSON escapes every newline inside a string, so
+    # splitting the encoder's lines on b"\n" is exact.
+    try:
+        data = _encoder.encode_lines(events)
+    except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        for i, event in enumerate(events):
+            try:
+                _encoder.encode(event)
+            except (TypeError, msgspec.EncodeError, OverflowError, ValueError) as exc:
+                raise RecordError(f"event {i} of the batch is not JSON-serializable: {exc}") from None
+        raise  # pragma: no cover
+    members = data.split(b"\n")
+    members.pop()
+    ts_member = b',"ts":' + _encoder.encode(when) + b","
+    lines = [b'{"seq":%d%b%b' % (seq, ts_member, m[1:]) for seq, m in enumerate(members, first_seq)]
+    nested = not all(_SCALARS.issuperset(map(type, event.values())) for event in events)
+    return _checked(lines, record_limit, nested=nested)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(event: object) -> bool:
+    """A dict event the hot path can encode: a non-empty string type, no seq, no ts."""
+    return (
+        type(event) is dict
+        and type(event.get("type")) is str
+        and bool(event["type"])
+        and "seq" not in event
+        and "ts" not in event
+    )
+
+
+def _checked(lines: list[bytes], record_limit: int, *, nested: bool) -> list[bytes]:
+    for i, line in enumerate(lines):
+        if len(line) > record_limit:
+            raise RecordError(f"event {i} of the batch is {len(line)} bytes, over the record limit of {record_limit}")
+        if nested and line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
+            raise RecordError(f"event {i} of the batch is nested deeper than {MAX_DEPTH}")
+    return lines
 
 
 def header_event(session: str) -> dict[str, Any]:

@@ -7,11 +7,12 @@ records of the longest valid prefix and then classifies whatever follows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .contract import CorruptLog, Damage, DamageKind, UnsupportedFormat
-from .events import FORMAT, SESSION_START, Record, RecordError
+from .contract import CorruptLog, Damage, DamageKind, InvalidEvent, UnsupportedFormat
+from .events import FORMAT, SESSION_START, Record, RecordError, encode_records
 
 CHUNK = 1 << 20
 
@@ -30,6 +31,21 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def encode_batch(events: Sequence[Mapping[str, Any]], first_seq: int, limits: Limits) -> list[bytes]:
+    """The record lines of one append batch, seq from ``first_seq``, within ``limits``.
+
+    Raises :class:`InvalidEvent` naming the event at fault, or when the batch (lines plus
+    newlines) is over the batch limit; nothing is written then."""
+    try:
+        lines = encode_records(events, first_seq, record_limit=limits.record_limit)
+    except RecordError as exc:
+        raise InvalidEvent(exc.reason) from None
+    size = sum(map(len, lines)) + len(lines)
+    if size > limits.batch_limit:
+        raise InvalidEvent(f"batch of {size} bytes exceeds the batch limit of {limits.batch_limit} bytes; split it")
+    return lines
 
 
 def check_header(record: Record, session_id: str | None, where: str) -> None:
