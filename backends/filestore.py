@@ -301,7 +301,8 @@ class FileStore:
 
     # -- names -------------------------------------------------------------------------
 
-    def _check_id(self, session_id: str) -> None:
+    def check_id(self, session_id: str) -> None:
+        """Raise InvalidSessionId for a bad id, StoreClosed after close()."""
         if not valid_session_id(session_id):
             raise InvalidSessionId(
                 f"invalid session id {session_id!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}, no '..'"
@@ -366,7 +367,7 @@ class FileStore:
 
     def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
         """Publish a new session: header (seq 1) and ``events``, durable on return."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         batch = [header_event(session_id), *events_list(events)]
         lines = self.encode_batch(batch, 1)
         data = self.framing.encode(lines)
@@ -383,7 +384,7 @@ class FileStore:
     def import_session(self, session_id: str, records: Iterable[Record]) -> int:
         """Publish a new session of exactly ``records`` (bytes verbatim), all or nothing:
         the file is written under a temp name, fsynced, then linked into place."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         check = ImportCheck(session_id)
         try:
             publish_new(self.fs, self.directory, self.file_name(session_id),
@@ -396,13 +397,14 @@ class FileStore:
             raise InvalidEvent(f"import of {session_id!r}: no records")  # pragma: no cover - publish wrote nothing
         return check.last_seq
 
-    def _batches(self, records: Iterable[Record], per_batch: int = 64) -> Iterator[bytes]:
-        """Group records into batches of at most ``per_batch`` records and the batch limit."""
+    def _batches(self, records: Iterable[Record]) -> Iterator[bytes]:
+        """Group records into batches of at most the batch limit (for Zstd: frames of up to
+        1 MiB of records, what ``compact`` writes)."""
         lines: list[bytes] = []
         size = 0
         limit = self.limits.batch_limit
         for record in records:
-            if lines and (len(lines) >= per_batch or size + len(record.raw) + 1 > limit):
+            if lines and size + len(record.raw) + 1 > limit:
                 yield self.framing.encode(lines)
                 lines, size = [], 0
             lines.append(record.raw)
@@ -417,7 +419,7 @@ class FileStore:
 
         ``create=True`` publishes the session first if it does not exist; ``repair=True``
         repairs a damaged tail and closes an open transcript first (never with force)."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         if create:
             try:
                 self.create(session_id)
@@ -445,12 +447,13 @@ class FileStore:
         self, session_id: str, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None
     ) -> int:
         """One-shot durable append: takes the lock (waiting up to ``lock_timeout``) for this call."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         batch = events_list(events)
         with FileSession(self, session_id, timeout=self.lock_timeout) as handle:
             return handle.append(batch, expect_seq=expect_seq)
 
-    def _open_read(self, session_id: str) -> int:
+    def open_read(self, session_id: str) -> int:
+        """A read-only descriptor of the session file (O_NOFOLLOW); SessionNotFound, IOFailure."""
         path = self.path_of(session_id)
         try:
             return self.fs.open(path, os.O_RDONLY | O_NOFOLLOW)
@@ -459,13 +462,13 @@ class FileStore:
 
     def scan(self, session_id: str) -> ScanResult:
         """Validate every record (never writes, never creates a lock file)."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         owned = lock_is_held(self.fs, self.lock_path_of(session_id))
         return self._scan(session_id, owned=owned)
 
     def _scan(self, session_id: str, *, owned: bool) -> ScanResult:
         path = self.path_of(session_id)
-        fd = self._open_read(session_id)
+        fd = self.open_read(session_id)
         tracker = PendingCalls()
         named: set[str] = set()
         try:
@@ -496,6 +499,7 @@ class FileStore:
             unanswered_calls=[c.call_id for c in tracker.unanswered()],
             owned=owned,
             unmarked_quarantines=unmarked,
+            skipped_frames=getattr(scanner, "skipped_frames", 0),
             tracker=tracker,
             _load=lambda: list(self.read(session_id)),
         )
@@ -506,12 +510,12 @@ class FileStore:
 
         Raises SequenceConflict (at the end) when ``after_seq`` lies beyond the log's
         last record: the reader saw records that are no longer there."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         return self._read(session_id, after_seq)
 
     def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
         path = self.path_of(session_id)
-        fd = self._open_read(session_id)
+        fd = self.open_read(session_id)
         try:
             scanner = self.framing.scan(
                 _fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
@@ -536,7 +540,7 @@ class FileStore:
         ``mid-log`` and ``seq-break`` are refused (status "refused") unless ``force``.
         A second repair appends nothing. ``dry_run`` reports without writing (and
         without taking the lock)."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         if dry_run:
             owned = lock_is_held(self.fs, self.lock_path_of(session_id))
             if owned:
@@ -624,7 +628,7 @@ class FileStore:
             if damage is not None:
                 assert report.quarantine is not None
                 if report.publish_quarantine:
-                        # 1. The tail is published under its quarantine name: after this it
+                    # 1. The tail is published under its quarantine name: after this it
                     #    survives power loss on its own, before a byte of the log is cut.
                     publish_new(
                         fs, self.directory, os.path.basename(report.quarantine),
@@ -643,7 +647,7 @@ class FileStore:
 
     def delete(self, session_id: str) -> None:
         """Remove the session and its quarantine files durably (SessionLocked if owned)."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         lock = FileLock(self.fs, self.lock_path_of(session_id))
         lock.acquire(self.lock_timeout)
         try:

@@ -278,9 +278,9 @@ class ZstdStore(FileStore):
     def frame_stats(self, session_id: str) -> FrameStats:
         """Count the session's frames (and skippable frames, which readers skip).
         Never writes. Raises SessionNotFound, CorruptLog, IOFailure."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         path = self.path_of(session_id)
-        fd = self._open_read(session_id)
+        fd = self.open_read(session_id)
         try:
             scanner = self.framing.scan(_fd_reader(self.fs, fd), session_id=session_id, where=path,
                                         limits=self.limits, owned=True)
@@ -310,7 +310,7 @@ class ZstdStore(FileStore):
         append. A damaged log is never compacted (status "refused"); skippable frames are
         not carried over (``dropped_skippable_frames``). Raises SessionNotFound,
         CorruptLog / UnsupportedFormat (not a session log), IOFailure."""
-        self._check_id(session_id)
+        self.check_id(session_id)
         frame_bytes = min(frame_bytes or self.limits.batch_limit, self.framing.frame_limits.content)
         path = self.path_of(session_id)
         report = CompactReport(session_id, path, "unchanged")
@@ -330,7 +330,7 @@ class ZstdStore(FileStore):
     def _compact_locked(self, session_id: str, report: CompactReport, frame_bytes: int, level: int,
                         progress: Callable[[int], None] | None) -> CompactReport:
         fs, path = self.fs, report.path
-        fd = self._open_read(session_id)
+        fd = self.open_read(session_id)
         tmp = os.path.join(self.directory, temp_name(self.file_name(session_id)))
         tmp_fd: int | None = None
         renamed = False

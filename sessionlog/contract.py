@@ -174,6 +174,8 @@ class ScanResult:
     owned: bool = False
     unmarked_quarantines: list[str] = field(default_factory=list)
     """Quarantine files no ``log/truncated`` marker names (a repair interrupted after its cut)."""
+    skipped_frames: int = 0
+    """Zstd skippable frames in the prefix (metadata: not records, not carried by convert)."""
     tracker: Any = field(default=None, repr=False)
     _load: Callable[[], list[Record]] | None = field(default=None, repr=False)
     _records: list[Record] | None = field(default=None, repr=False)

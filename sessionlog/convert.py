@@ -167,7 +167,7 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         plan = src.repair(sid, dry_run=True)
         appended = [r if isinstance(r, Record) else Record.from_line(_raw(r)) for r in plan.appended]
     notes: list[str] = []
-    skipped = _skippable_frames(src, sid)
+    skipped = scan.skipped_frames
     if skipped:
         note = f"{sid}: {skipped} skippable zstd frame(s) in SRC are not carried over"
         warnings.warn(note, SkippableFramesDropped, stacklevel=3)
@@ -217,16 +217,6 @@ def _raw(record: object) -> bytes:
     import msgspec
 
     return msgspec.json.encode(dict(record))  # type: ignore[call-overload]
-
-
-def _skippable_frames(store: EventStore, sid: str) -> int:
-    stats = getattr(store, "frame_stats", None)
-    if stats is None:
-        return 0
-    try:
-        return int(stats(sid).skipped_frames)
-    except SessionLogError:
-        return 0
 
 
 # --- compact ------------------------------------------------------------------------
