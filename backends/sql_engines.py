@@ -25,10 +25,10 @@ from sqlalchemy import event
 
 from sessionlog.contract import (
     AppendFailed,
+    DurabilityRefused,
     IOFailure,
     SequenceConflict,
     SessionLocked,
-    SessionLogError,
     SessionNotFound,
 )
 from sessionlog.durable import DIR_MODE, OS, FileLock, lock_is_held
@@ -37,12 +37,6 @@ from .sql_schema import Schema
 
 Encode = Callable[[int], list[bytes]]
 """Encodes the batch being appended with seqs from the given first seq."""
-
-
-class DurabilityRefused(SessionLogError):
-    """The database connection's settings would weaken durability (SQLite ``synchronous``
-    below FULL or not in WAL mode, PostgreSQL ``synchronous_commit=off`` or ``fsync=off``):
-    the store refuses to open rather than acknowledge appends that a crash could lose."""
 
 
 class Ownership(Protocol):

@@ -88,6 +88,12 @@ class IOFailure(SessionLogError):
     original error is chained as the cause."""
 
 
+class DurabilityRefused(SessionLogError):
+    """The database connection's settings would weaken durability (SQLite ``synchronous``
+    below FULL or not in WAL mode, PostgreSQL ``synchronous_commit=off`` or ``fsync=off``):
+    the store refuses to open rather than acknowledge appends that a crash could lose."""
+
+
 class StoreClosed(SessionLogError):
     """The store or session handle was closed (or poisoned by a failed rollback)."""
 
