@@ -37,6 +37,9 @@ from .contract import (
     UnsupportedFormat,
 )
 from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
+from .delivery import pending_deliveries
+from .projection import check_pairing, project
+from .recovery import StepScope, dispatch_tools
 from .scan import Limits
 from .writer import WriteBehind
 
@@ -111,7 +114,12 @@ __all__ = [
     "Status",
     "StoreClosed",
     "UnsupportedFormat",
+    "StepScope",
     "WriteBehind",
+    "check_pairing",
+    "dispatch_tools",
     "open_store",
+    "pending_deliveries",
+    "project",
     "scheme_of",
 ]
