@@ -96,7 +96,8 @@ class Framing(Protocol):
         ...
 
 
-def _fd_reader(fs: FileSystem, fd: int, start: int = 0) -> Callable[[int], bytes]:
+def fd_reader(fs: FileSystem, fd: int, start: int = 0) -> Callable[[int], bytes]:
+    """Sequential ``read(n)`` over an open file from ``start``, through the I/O seam."""
     pos = start
 
     def read(n: int) -> bytes:
@@ -473,7 +474,7 @@ class FileStore:
         named: set[str] = set()
         try:
             scanner = self.framing.scan(
-                _fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=owned
+                fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=owned
             )
             for record in scanner:
                 tracker.feed(record)
@@ -518,7 +519,7 @@ class FileStore:
         fd = self.open_read(session_id)
         try:
             scanner = self.framing.scan(
-                _fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
+                fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
             )
             for record in scanner:
                 if record.seq > after_seq:

@@ -54,7 +54,7 @@ from sessionlog.contract import (
     AppendFailed,
     CorruptLog,
     Damage,
-    DamageKind,
+    Failure,
     ImportCheck,
     InvalidEvent,
     InvalidSessionId,
@@ -66,6 +66,7 @@ from sessionlog.contract import (
     SessionLogError,
     SessionNotFound,
     StoreClosed,
+    classify_damage,
     events_list,
 )
 from sessionlog.durable import quarantine_name
@@ -199,10 +200,10 @@ class RowScan:
                 decoded.append(decode_row(rest if isinstance(rest, bytes) else bytes(rest)).seq)
             except RecordError:
                 pass
-        if first is not None:
-            kind = DamageKind.SEQ_BREAK
-        else:
-            kind = DamageKind.MID_LOG if decoded else DamageKind.CORRUPT
+        kind = classify_damage(
+            Failure.WRONG_SEQ if first is not None else Failure.UNDECODABLE,
+            records_after=len(decoded), within_reach=False, owned=False,
+        )
         self.damage = Damage(
             kind=kind,
             offset=self.count,

@@ -46,7 +46,7 @@ from sessionlog.durable import (
 from sessionlog.events import Record
 from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
 
-from .filestore import FileStore
+from .filestore import FileStore, fd_reader
 from .zstd_frames import (
     ZSTD_MAGIC,
     Broken,
@@ -138,17 +138,6 @@ class ZstdFraming:
         return records[-1].seq, records[-1].ts
 
 
-def _fd_reader(fs: FileSystem, fd: int) -> Callable[[int], bytes]:
-    """Sequential ``read(n)`` over an open file from offset 0, through the I/O seam."""
-    pos = 0
-
-    def read(n: int) -> bytes:
-        nonlocal pos
-        chunk = fs.pread(fd, n, pos)
-        pos += len(chunk)
-        return chunk
-
-    return read
 
 
 class _PreadSource:
@@ -282,7 +271,7 @@ class ZstdStore(FileStore):
         path = self.path_of(session_id)
         fd = self.open_read(session_id)
         try:
-            scanner = self.framing.scan(_fd_reader(self.fs, fd), session_id=session_id, where=path,
+            scanner = self.framing.scan(fd_reader(self.fs, fd), session_id=session_id, where=path,
                                         limits=self.limits, owned=True)
             content = sum(len(r.raw) + 1 for r in scanner)
             size = self.fs.fstat(fd).st_size
@@ -339,7 +328,7 @@ class ZstdStore(FileStore):
             report.bytes_before = st.st_size
             tmp_fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW)
             old_bytes, new_bytes = hashlib.sha256(), hashlib.sha256()
-            read = _fd_reader(fs, fd)
+            read = fd_reader(fs, fd)
 
             def read_hashed(n: int) -> bytes:
                 chunk = read(n)
@@ -399,7 +388,7 @@ class ZstdStore(FileStore):
         """Scan the new file: same records, byte for byte, and nothing else."""
         fd = self.fs.open(tmp, os.O_RDONLY | O_NOFOLLOW)
         try:
-            after = self.framing.scan(_fd_reader(self.fs, fd), session_id=session_id, where=tmp,
+            after = self.framing.scan(fd_reader(self.fs, fd), session_id=session_id, where=tmp,
                                       limits=self.limits, owned=False)
             check = hashlib.sha256()
             for record in after:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from sessionlog.contract import CorruptLog, Damage, DamageKind
+from sessionlog.contract import CorruptLog, Damage, DamageKind, Failure, classify_damage
 from sessionlog.events import Record, RecordError
 from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header
 
@@ -401,20 +401,15 @@ class FrameScan:
         first = self._stream.get(offset, 1)
         tail = TailCount(self._stream, offset, self.frame_limits, self.limits)
         tail.run()
+        within = tail.last_end - offset <= self.limits.batch_limit
         if first == b"\0":
-            within = tail.last_end - offset <= self.limits.batch_limit
-            kind = DamageKind.ZERO_FILL if within else DamageKind.MID_LOG
+            failure = Failure.NUL_RUN
             reason = "NUL bytes at the end of the log" if within else (
                 f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
             )
-        elif what == "seq":
-            kind = DamageKind.SEQ_BREAK
-        elif tail.count:
-            kind = DamageKind.MID_LOG
-        elif what == "torn":
-            kind = DamageKind.IN_FLIGHT if self.owned else DamageKind.TORN
         else:
-            kind = DamageKind.CORRUPT
+            failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
+        kind = classify_damage(failure, records_after=tail.count, within_reach=within, owned=self.owned)
         self.damage = Damage(
             kind=kind,
             offset=offset,

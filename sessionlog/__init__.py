@@ -36,8 +36,8 @@ from .contract import (
     StoreClosed,
     UnsupportedFormat,
 )
-from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
 from .delivery import pending_deliveries
+from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
 from .projection import check_pairing, project
 from .recovery import StepScope, dispatch_tools
 from .scan import Limits

@@ -126,6 +126,32 @@ _REPAIRABLE = frozenset({DamageKind.TORN, DamageKind.ZERO_FILL, DamageKind.CORRU
 _NEEDS_FORCE = frozenset({DamageKind.SEQ_BREAK, DamageKind.MID_LOG})
 
 
+class Failure(enum.Enum):
+    """What stopped a scanner at the end of the stable prefix (before classification)."""
+
+    CUT_SHORT = "cut short"  # the last record/frame ends early at EOF
+    UNDECODABLE = "undecodable"  # a whole record/frame that does not decode or verify
+    WRONG_SEQ = "wrong seq"  # a record that decodes with the wrong seq
+    NUL_RUN = "NUL run"  # NUL bytes start at the stable offset
+
+
+def classify_damage(failure: Failure, *, records_after: int, within_reach: bool, owned: bool) -> DamageKind:
+    """The damage table of DESIGN.md section 3, once for every backend.
+
+    ``records_after``: records that still decode in the tail; ``within_reach``: they all
+    end within one append (the batch limit) of the stable offset; ``owned``: a writer
+    holds the session, so a record cut short at EOF is a write in flight."""
+    if failure is Failure.NUL_RUN:
+        return DamageKind.ZERO_FILL if within_reach or not records_after else DamageKind.MID_LOG
+    if failure is Failure.WRONG_SEQ:
+        return DamageKind.SEQ_BREAK
+    if records_after:
+        return DamageKind.MID_LOG
+    if failure is Failure.CUT_SHORT:
+        return DamageKind.IN_FLIGHT if owned else DamageKind.TORN
+    return DamageKind.CORRUPT
+
+
 @dataclass(frozen=True, slots=True)
 class Damage:
     """The tail after the durable prefix.

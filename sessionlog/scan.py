@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import CorruptLog, Damage, DamageKind, InvalidEvent, UnsupportedFormat
+from .contract import (
+    CorruptLog,
+    Damage,
+    Failure,
+    InvalidEvent,
+    UnsupportedFormat,
+    classify_damage,
+)
 from .events import FORMAT, SESSION_START, Record, RecordError, encode_records
 
 CHUNK = 1 << 20
@@ -170,31 +177,23 @@ class LineScan:
                 f"{offset} ({reason})",
                 path=self.where, offset=offset,
             )
-        tail = _TailCount(self._read, pending, offset, self.limits.record_limit)
-        if pending[:1] == b"\0":
-            # Crash damage only when whatever decodes after the NULs lies within one append's
-            # reach of the stable offset (etcd's rule); otherwise it may be acknowledged history.
-            tail.run()
-            within = tail.last_end - offset <= self.limits.batch_limit
-            kind = DamageKind.ZERO_FILL if within else DamageKind.MID_LOG
-            reason = "NUL bytes at the end of the log" if within else (
-                f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
-            )
-        elif decodes is None and reason == "record exceeds the record limit":
+        if decodes is None and reason == "record exceeds the record limit" and pending[:1] != b"\0":
             raise CorruptLog(
                 f"{self.where}: record at offset {offset} exceeds the record limit of "
                 f"{self.limits.record_limit} bytes",
                 path=self.where, offset=offset,
             )
-        elif decodes:
-            tail.run()
-            kind = DamageKind.SEQ_BREAK
-        elif decodes is None:
-            tail.run()
-            kind = DamageKind.IN_FLIGHT if self.owned else DamageKind.TORN
+        tail = _TailCount(self._read, pending, offset, self.limits.record_limit)
+        tail.run()
+        within = tail.last_end - offset <= self.limits.batch_limit
+        if pending[:1] == b"\0":
+            failure = Failure.NUL_RUN
+            reason = "NUL bytes at the end of the log" if within else (
+                f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
+            )
         else:
-            tail.run()
-            kind = DamageKind.MID_LOG if tail.count else DamageKind.CORRUPT
+            failure = Failure.WRONG_SEQ if decodes else Failure.CUT_SHORT if decodes is None else Failure.UNDECODABLE
+        kind = classify_damage(failure, records_after=tail.count, within_reach=within, owned=self.owned)
         self.damage = Damage(
             kind=kind,
             offset=offset,
