@@ -21,10 +21,13 @@ What it is made of (the parameters of :class:`Shape`, defaults in brackets):
   calls tools: one call, or with probability ``parallel_p`` [0.25] two or three in
   parallel.
 * Tools and their outputs, drawn with fixed weights: ``read_file`` (Python source of a
-  generated project), ``grep`` (``path:line: text`` matches), ``run_shell`` (pytest runs,
+  generated project of 160 files, each with its own dozen identifiers and the same
+  content on every read, as agents re-read files), ``grep`` (``path:line: text`` matches
+  from those files), ``run_shell`` (pytest runs,
   git logs with hashes, build logs with timestamps), ``list_dir``, ``web_search`` (a JSON
   list of results with URLs and snippets), ``write_file`` (the file content is in the
-  call's arguments, the output is one line), ``edit_file`` (old/new strings in arguments).
+  call's arguments, the output is one line), ``edit_file`` (old lines taken from the file,
+  new lines generated, in the arguments).
   Output sizes are log-normal with a per-tool median, overall median about 1 KB, capped at
   ``max_output`` [16 KiB] like a runtime's output truncation; about ``error_p`` [0.06] of
   results are errors.
