@@ -123,7 +123,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
     results += r
     jsonl = next((b for b in backends if b.name == "jsonl" and "jsonl" in made), None)
     if jsonl is not None:
-        baseline_path = jsonl.store.path_of(made["jsonl"])
+        baseline_path = jsonl.store.path_of(made["jsonl"][0])
     else:
         baseline_path = os.path.join(tmp, "baseline.jsonl")
         with open(baseline_path, "wb") as f:

@@ -2,8 +2,8 @@
 
 All three use one generated transcript (:mod:`.transcript`): at least ``scan_records``
 records and at least ``repair_mb`` MB of JSONL, imported into each backend as one session
-(``import_session``: its bytes verbatim, 64 records per batch — one Zstd frame per 64
-records). Throughput counts records and logical (uncompressed JSONL) bytes.
+(``import_session``: its bytes verbatim; on Zstd appended 64 records per batch, one
+frame per 64 records). Throughput counts records and logical (uncompressed JSONL) bytes.
 
 * scan: ``store.scan(id)`` validates every record and tracks the transcript; the
   baseline is msgspec alone decoding the same JSONL file (``Decoder.decode_lines`` over
@@ -12,8 +12,9 @@ records). Throughput counts records and logical (uncompressed JSONL) bytes.
   newline; Zstd: a frame cut short) is repaired with ``store.repair(id)`` — scan,
   quarantine, truncate, append the marker, each step durable. Between rounds (untimed)
   the log is torn again and the quarantine file removed. SQL has no torn bytes.
-* compression: on-disk size of the Zstd session against its JSONL bytes, and the same
-  records framed 1, 8, 64 and 1024 per frame with the backend's own framing.
+* compression: on-disk size of the Zstd session (appended 64 records per batch, so one
+  frame per 64 records) against its JSONL bytes, and the same records framed 1, 8, 64
+  and 1024 per frame with the backend's own framing.
 """
 
 from __future__ import annotations
@@ -70,10 +71,29 @@ def make_corpus(min_records: int, min_bytes: int, seed: int = SEED) -> Corpus:
     return Corpus(body, sum(len(x) + 1 for x in body))
 
 
-def _import(backend: Backend, session_id: str, corpus: Corpus) -> str:
+FRAME_RECORDS = 64
+"""Records per Zstd frame in the scan and repair sessions (one frame per append batch)."""
+
+
+def _load(backend: Backend, session_id: str, corpus: Corpus) -> tuple[str, int]:
+    """Make the corpus a session of ``backend``; returns (session id, JSONL bytes).
+
+    Zstd: appended through a session handle in batches of :data:`FRAME_RECORDS`, so the
+    file holds exactly one frame per 64 records (``import_session`` may frame larger).
+    Others: ``import_session`` of the records' bytes verbatim."""
     sid = backend.sid(session_id)
-    backend.store.import_session(sid, corpus.records(sid))
-    return sid
+    store = backend.store
+    if backend.name != "zstd":
+        store.import_session(sid, corpus.records(sid))
+        return sid, corpus.logical_bytes(sid)
+    store.create(sid)
+    events = [Record.from_line(line).to_dict() for line in corpus.body]
+    for event in events:
+        del event["seq"]
+    with store.session(sid) as handle:
+        for i in range(0, len(events), FRAME_RECORDS):
+            handle.append(events[i : i + FRAME_RECORDS])
+    return sid, sum(len(r.raw) + 1 for r in store.read(sid))
 
 
 def scan_id(backend: str) -> str:
@@ -83,28 +103,27 @@ def scan_id(backend: str) -> str:
 MSGSPEC_ID = "scan/msgspec-baseline"
 
 
-def scan_cases(backends: list[Backend], corpus: Corpus) -> tuple[list[Case], list[Result], dict[str, str]]:
+def scan_cases(backends: list[Backend], corpus: Corpus) -> tuple[list[Case], list[Result], dict[str, tuple[str, int]]]:
     """A scan case per backend (the session imported here); returns the sessions made, by
     backend name, for the repair and compression steps to reuse."""
     cases: list[Case] = []
     results: list[Result] = []
-    made: dict[str, str] = {}
+    made: dict[str, tuple[str, int]] = {}
     for backend in backends:
         label = f"{backend.name}: store.scan of {corpus.count():,} records"
         if backend.store is None:
             results.append(skipped(scan_id(backend.name), "scan", label, backend.reason or "not available"))
             continue
         try:
-            sid = _import(backend, "scan", corpus)
+            sid, logical = _load(backend, "scan", corpus)
         except Exception as exc:
             results.append(Result(scan_id(backend.name), "scan", label, "records/s", status="error",
                                   reason=f"import failed: {type(exc).__name__}: {exc}"))
             continue
-        made[backend.name] = sid
+        made[backend.name] = (sid, logical)
         cases.append(Case(scan_id(backend.name), "scan", label,
-                          _scanner(backend.store, sid, corpus.count(), corpus.logical_bytes(sid)), timed=False,
-                          meta={"backend": backend.name, "records": corpus.count(),
-                                "logical_bytes": corpus.logical_bytes(sid)}))
+                          _scanner(backend.store, sid, corpus.count(), logical), timed=False,
+                          meta={"backend": backend.name, "records": corpus.count(), "logical_bytes": logical}))
     return cases, results, made
 
 
@@ -183,7 +202,7 @@ def repair_cases(backends: list[Backend], corpus: Corpus) -> tuple[list[Case], l
                                    "no torn bytes in a database: a transaction commits whole"))
             continue
         try:
-            sid = _import(backend, "repair", corpus)
+            sid, logical = _load(backend, "repair", corpus)
             path = backend.store.path_of(sid)
             torn = _torn_bytes(backend.name)
             tear = _tearer(path, torn, backend.store.directory, os.path.basename(path))
@@ -192,19 +211,19 @@ def repair_cases(backends: list[Backend], corpus: Corpus) -> tuple[list[Case], l
             results.append(Result(repair_id(backend.name), "repair", label, "records/s", status="error",
                                   reason=f"setup failed: {type(exc).__name__}: {exc}"))
             continue
-        cases.append(Case(repair_id(backend.name), "repair", label, _repairer(backend.store, sid, corpus),
+        cases.append(Case(repair_id(backend.name), "repair", label, _repairer(backend.store, sid, corpus.count(), logical),
                           timed=False, reset=tear,
-                          meta={"backend": backend.name, "logical_bytes": corpus.logical_bytes(sid),
+                          meta={"backend": backend.name, "logical_bytes": logical,
                                 "disk_bytes": os.path.getsize(path)}))
     return cases, results
 
 
-def _repairer(store: object, sid: str, corpus: Corpus) -> Callable[[], Work]:
+def _repairer(store: object, sid: str, count: int, nbytes: int) -> Callable[[], Work]:
     def op() -> Work:
         report = store.repair(sid)  # type: ignore[attr-defined]
         if report.status != "repaired" or not report.truncated_bytes:
             raise RuntimeError(f"repair of {sid}: {report.status} ({report.reason}); expected a cut torn tail")
-        return corpus.count(), corpus.logical_bytes(sid)
+        return count, nbytes
 
     return op
 
@@ -226,19 +245,18 @@ def _tearer(path: str, torn: bytes, directory: str, log_name: str) -> Callable[[
 # --- compression ----------------------------------------------------------------------
 
 
-def compression_results(backends: list[Backend], made: dict[str, str], corpus: Corpus) -> list[Result]:
+def compression_results(backends: list[Backend], made: dict[str, tuple[str, int]], corpus: Corpus) -> list[Result]:
     """The Zstd session's on-disk ratio, and the ratio per frame size with the backend's framing."""
     zstd = next((b for b in backends if b.name == "zstd"), None)
     label = "zstd: JSONL bytes / on-disk bytes, 64 records per frame (as stored)"
     if zstd is None or zstd.store is None or "zstd" not in made:
         reason = (zstd.reason if zstd is not None and zstd.reason else "zstd backend not measured")
         return [skipped("compression/zstd/stored-64", "compression", label, reason, unit="x")]
-    sid = made["zstd"]
-    logical = corpus.logical_bytes(sid)
+    sid, logical = made["zstd"]
     disk = os.path.getsize(zstd.store.path_of(sid))
     out = [_ratio("compression/zstd/stored-64", label, logical, disk, 64)]
     framing = zstd.store.framing
-    lines = [corpus.header(sid), *corpus.body]
+    lines = [r.raw for r in zstd.store.read(sid)]
     for per in FRAME_SIZES:
         size = 0
         for i in range(0, len(lines), per):
