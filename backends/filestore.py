@@ -18,6 +18,7 @@ from sessionlog.contract import (
     AppendFailed,
     CorruptLog,
     Damage,
+    DamageKind,
     ImportCheck,
     InvalidEvent,
     InvalidSessionId,
@@ -41,6 +42,7 @@ from sessionlog.durable import (
     ensure_store_dir,
     fsync_dir,
     lock_is_held,
+    parse_quarantine_name,
     publish_new,
     quarantine_name,
     sweep_temps,
@@ -109,6 +111,30 @@ def fd_reader(fs: FileSystem, fd: int, start: int = 0) -> Callable[[int], bytes]
     return read
 
 
+# Files whose rollback failed in this process: (st_dev, st_ino) -> why. Appends to them are
+# refused by every store object in this process; a later process rescans.
+_POISONED: dict[tuple[int, int], str] = {}
+
+
+def poison(file: tuple[int, int], why: str) -> None:
+    _POISONED[file] = why
+
+
+def check_not_poisoned(file: tuple[int, int], path: str) -> None:
+    why = _POISONED.get(file)
+    if why is not None:
+        raise AppendFailed(
+            f"{path}: a rollback failed earlier in this process; appends and repairs are refused "
+            f"until a new process rescans ({why})",
+            outcome_unknown=True,
+        )
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What must not change for a remembered tail to still be the file's tail."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _io_error(exc: OSError, path: str, what: str) -> SessionLogError:
     if isinstance(exc, FileNotFoundError):
         return SessionNotFound(f"{path}: no such session")
@@ -122,19 +148,15 @@ class FileSession:
     and that its size is the remembered end, then write and fdatasync. After a failed
     append the handle is unusable (open a new one)."""
 
-    def __init__(self, store: FileStore, session_id: str, *, timeout: float) -> None:
+    def __init__(self, store: FileStore, session_id: str, *, timeout: float, lock: FileLock | None = None) -> None:
         self.store = store
         self.session_id = session_id
         self.path = store.path_of(session_id)
         self._fs = store.fs
-        self._lock = FileLock(self._fs, store.lock_path_of(session_id))
         self._fd: int | None = None
         self._failed: str | None = None
         self._mutex = threading.Lock()
-        try:
-            self._lock.acquire(timeout)
-        except OSError as exc:
-            raise _io_error(exc, self._lock.path, "taking the lock") from exc
+        self._lock = lock if lock is not None else store.take_lock(session_id, timeout)
         try:
             self._open()
         except BaseException:
@@ -153,10 +175,18 @@ class FileSession:
             raise _io_error(exc, self.path, "open") from exc
         try:
             st = fs.fstat(fd)
+            self._file = (st.st_dev, st.st_ino)
             self._ino, self._end = st.st_ino, st.st_size
-            self._last_seq, self._last_ts = self.store.framing.tail(
-                fs, fd, self._end, session_id=self.session_id, where=self.path, limits=self.store.limits
-            )
+            check_not_poisoned(self._file, self.path)
+            cached = self.store._tails.get(self.session_id)
+            if cached is not None and cached[0] == _identity(st):
+                # This store wrote or validated exactly this file state under the lock.
+                self._last_seq, self._last_ts = cached[1], cached[2]
+            else:
+                self._last_seq, self._last_ts = self.store.framing.tail(
+                    fs, fd, self._end, session_id=self.session_id, where=self.path, limits=self.store.limits
+                )
+                self._remember(st)
         except OSError as exc:
             fs.close(fd)
             raise _io_error(exc, self.path, "reading the tail") from exc
@@ -164,6 +194,9 @@ class FileSession:
             fs.close(fd)
             raise
         self._fd = fd
+
+    def _remember(self, st: os.stat_result) -> None:
+        self.store._tails[self.session_id] = (_identity(st), self._last_seq, self._last_ts)
 
     def _revalidate(self) -> None:
         """Under the lock: if another process (or compact) moved the file, reopen it."""
@@ -223,20 +256,26 @@ class FileSession:
                     f"batch of {len(data)} bytes exceeds the batch limit of "
                     f"{self.store.limits.batch_limit} bytes; split it"
                 )
-            return self._write(data, len(lines), lines[-1])
+            return self._write(data, len(lines), Record.from_line(lines[-1]).ts)
 
-    def _write(self, data: bytes, n: int, last_line: bytes) -> int:
+    def _write(self, data: bytes, n: int, last_ts: float) -> int:
+        """Write one encoded batch durably. Nothing after the sync can fail."""
         assert self._fd is not None
+        self.store._tails.pop(self.session_id, None)
         try:
             self._end = durable_append(self._fs, self._fd, data, self._end)
         except AppendFailed as exc:
             self._failed = str(exc)
             if exc.outcome_unknown:
-                self.store._poison(self.session_id, str(exc))
+                poison(self._file, str(exc))
             self._close_fd()
             raise
         self._last_seq += n
-        self._last_ts = Record.from_line(last_line).ts
+        self._last_ts = last_ts
+        try:
+            self._remember(self._fs.fstat(self._fd))
+        except OSError:
+            pass  # no cache: the next open validates the tail
         return self._last_seq
 
     def _check_usable(self) -> None:
@@ -244,7 +283,7 @@ class FileSession:
             raise StoreClosed(f"{self.path}: this handle failed earlier ({self._failed}); open a new one")
         if self._fd is None or not self._lock.held:
             raise StoreClosed(f"{self.path}: session handle is closed")
-        self.store._check_not_poisoned(self.session_id)
+        check_not_poisoned(self._file, self.path)
 
     def records(self, after_seq: int = 0) -> Iterator[Record]:
         """Stream the session's records with seq > ``after_seq``."""
@@ -291,7 +330,7 @@ class FileStore:
         self.lock_timeout = lock_timeout
         self.url = f"{scheme}:{directory}"
         self.atomic_batches = framing.atomic_batches
-        self._poisoned: dict[str, str] = {}
+        self._tails: dict[str, tuple[tuple[int, int, int, int], int, float]] = {}
         self._closed = False
         if create_dir:
             try:
@@ -337,26 +376,12 @@ class FileStore:
 
     def quarantines(self, session_id: str) -> list[str]:
         """File names of the session's quarantined tails, oldest first."""
-        prefix = self.file_name(session_id) + "."
+        log_name = self.file_name(session_id)
         try:
             names = self.fs.listdir(self.directory)
         except OSError as exc:
             raise IOFailure(f"{self.directory}: cannot list: {exc.strerror or exc}") from exc
-        return sorted(n for n in names if n.startswith(prefix) and n.endswith(".quarantine"))
-
-    # -- poison ------------------------------------------------------------------------
-
-    def _poison(self, session_id: str, why: str) -> None:
-        self._poisoned[session_id] = why
-
-    def _check_not_poisoned(self, session_id: str) -> None:
-        why = self._poisoned.get(session_id)
-        if why is not None:
-            raise AppendFailed(
-                f"{self.path_of(session_id)}: a rollback failed earlier in this process; appends "
-                f"are refused until a new process rescans ({why})",
-                outcome_unknown=True,
-            )
+        return sorted(n for n in names if parse_quarantine_name(log_name, n) is not None)
 
     # -- encoding ----------------------------------------------------------------------
 
@@ -426,23 +451,39 @@ class FileStore:
                 self.create(session_id)
             except SessionExists:
                 pass
-        handle = FileSession(self, session_id, timeout=timeout) if not repair else None
-        if handle is not None:
-            return handle
-        lock = FileLock(self.fs, self.lock_path_of(session_id))
-        lock.acquire(timeout)
+        if not repair:
+            return FileSession(self, session_id, timeout=timeout)
+        # Repair and open under one hold of the lock: no other writer can get in between.
+        lock = self.take_lock(session_id, timeout)
         try:
-            report = self._repair_locked(session_id, force=False, dry_run=False)
-        finally:
+            report = self._repair_locked(session_id, force=False)
+            if report.status == "refused":
+                raise CorruptLog(
+                    f"{self.path_of(session_id)}: {report.reason}",
+                    path=self.path_of(session_id),
+                    offset=report.damage.offset if report.damage else None,
+                    kind=str(report.damage.kind) if report.damage else None,
+                )
+            return FileSession(self, session_id, timeout=timeout, lock=lock)
+        except BaseException:
             lock.release()
-        if report.status == "refused":
-            raise CorruptLog(
-                f"{self.path_of(session_id)}: {report.reason}",
-                path=self.path_of(session_id),
-                offset=report.damage.offset if report.damage else None,
-                kind=str(report.damage.kind) if report.damage else None,
-            )
-        return FileSession(self, session_id, timeout=timeout)
+            raise
+
+    def take_lock(self, session_id: str, timeout: float) -> FileLock:
+        """Own the session's lock file (SessionLocked if another writer holds it)."""
+        lock = FileLock(self.fs, self.lock_path_of(session_id))
+        try:
+            lock.acquire(timeout)
+        except OSError as exc:
+            raise _io_error(exc, lock.path, "taking the lock") from exc
+        return lock
+
+    def _owned(self, session_id: str) -> bool:
+        path = self.lock_path_of(session_id)
+        try:
+            return lock_is_held(self.fs, path)
+        except OSError as exc:
+            raise _io_error(exc, path, "probing the lock") from exc
 
     def append(
         self, session_id: str, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None
@@ -464,8 +505,12 @@ class FileStore:
     def scan(self, session_id: str) -> ScanResult:
         """Validate every record (never writes, never creates a lock file)."""
         self.check_id(session_id)
-        owned = lock_is_held(self.fs, self.lock_path_of(session_id))
-        return self._scan(session_id, owned=owned)
+        owned = self._owned(session_id)
+        result = self._scan(session_id, owned=owned)
+        torn = result.damage is not None and result.damage.kind is DamageKind.TORN
+        if torn and self._owned(session_id):
+            result = self._scan(session_id, owned=True)  # a writer started mid-scan: its write is in flight
+        return result
 
     def _scan(self, session_id: str, *, owned: bool) -> ScanResult:
         path = self.path_of(session_id)
@@ -543,22 +588,17 @@ class FileStore:
         without taking the lock)."""
         self.check_id(session_id)
         if dry_run:
-            owned = lock_is_held(self.fs, self.lock_path_of(session_id))
-            if owned:
+            if self._owned(session_id):
                 return RepairReport(session_id, self.path_of(session_id), "refused",
                                     reason="a writer owns the session")
-            return self._repair_plan(self._scan(session_id, owned=False), force=force, dry_run=True)
-        lock = FileLock(self.fs, self.lock_path_of(session_id))
+            return self._repair_plan(self._scan(session_id, owned=False), force=force)
+        lock = self.take_lock(session_id, 0.0)
         try:
-            lock.acquire(0.0)
-        except OSError as exc:
-            raise _io_error(exc, lock.path, "taking the lock") from exc
-        try:
-            return self._repair_locked(session_id, force=force, dry_run=False)
+            return self._repair_locked(session_id, force=force)
         finally:
             lock.release()
 
-    def _repair_plan(self, scan: ScanResult, *, force: bool, dry_run: bool) -> RepairReport:
+    def _repair_plan(self, scan: ScanResult, *, force: bool) -> RepairReport:
         path = scan.path
         damage = scan.damage
         report = RepairReport(scan.session, path, "clean", damage=damage)
@@ -600,21 +640,19 @@ class FileStore:
         return report
 
     def _marker_for_orphan(self, session_id: str, name: str, ts: float) -> dict[str, Any]:
-        """The marker that a repair interrupted between truncate and append did not write.
-        Quarantine names carry the cut's offset and kind: ``<log>.<offset>.<kind>.<stamp>.quarantine``."""
-        middle = name[len(self.file_name(session_id)) + 1 :].removesuffix(".quarantine")
-        offset_text, _, rest = middle.partition(".")
-        reason = rest.partition(".")[0] or "unknown"
+        """The marker that a repair interrupted between truncate and append did not write;
+        the quarantine's name carries the cut's offset and kind."""
+        parsed = parse_quarantine_name(self.file_name(session_id), name)
+        offset, reason = parsed if parsed is not None else (0, "unknown")
         try:
             size = self.fs.stat(os.path.join(self.directory, name)).st_size
-        except OSError:
-            size = 0
-        offset = int(offset_text) if offset_text.isdigit() else 0
+        except OSError as exc:
+            raise _io_error(exc, name, "stat of the quarantine") from exc
         return truncation_marker(offset=offset, dropped_bytes=size, reason=reason, quarantine=name, ts=ts)
 
-    def _repair_locked(self, session_id: str, *, force: bool, dry_run: bool) -> RepairReport:
+    def _repair_locked(self, session_id: str, *, force: bool) -> RepairReport:
         scan = self._scan(session_id, owned=False)
-        report = self._repair_plan(scan, force=force, dry_run=dry_run)
+        report = self._repair_plan(scan, force=force)
         if report.status != "repaired":
             return report
         fs = self.fs
@@ -625,6 +663,9 @@ class FileStore:
         except OSError as exc:
             raise _io_error(exc, path, "open") from exc
         try:
+            st = fs.fstat(fd)
+            check_not_poisoned((st.st_dev, st.st_ino), path)
+            self._tails.pop(session_id, None)
             end = scan.stable_offset
             if damage is not None:
                 assert report.quarantine is not None
@@ -649,10 +690,9 @@ class FileStore:
     def delete(self, session_id: str) -> None:
         """Remove the session and its quarantine files durably (SessionLocked if owned)."""
         self.check_id(session_id)
-        lock = FileLock(self.fs, self.lock_path_of(session_id))
-        lock.acquire(self.lock_timeout)
+        lock = self.take_lock(session_id, self.lock_timeout)
+        path = self.path_of(session_id)
         try:
-            path = self.path_of(session_id)
             try:
                 self.fs.unlink(path)
             except FileNotFoundError:

@@ -34,14 +34,17 @@ class JsonlFraming:
     def tail(
         self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits
     ) -> tuple[int, float]:
-        window = limits.record_limit + 1
-        head = fs.pread(fd, window, 0)
+        """Validate the header and everything within one append's reach of the end: each
+        whole line there decodes and the seqs run on to the last one. A NUL hole, a seq
+        break or a corrupt record that the last append could have left is found before a
+        new record is written after it. Deeper history is the business of a full scan."""
+        head = fs.pread(fd, limits.record_limit + 2, 0)
         nl = head.find(b"\n")
         header = _decode(head[:nl] if nl >= 0 else b"", where, 0, "the header")
         check_header(header, session_id, where)
         if size == nl + 1:
             return header.seq, header.ts
-        start = max(0, size - window)
+        start = max(nl + 1, size - max(limits.batch_limit, limits.record_limit + 2))
         data = fs.pread(fd, size - start, start)
         if not data.endswith(b"\n"):
             raise CorruptLog(
@@ -49,10 +52,23 @@ class JsonlFraming:
                 "repair the session before appending",
                 path=where, offset=start + data.rfind(b"\n") + 1, kind=str(DamageKind.TORN),
             )
-        prev = data.rfind(b"\n", 0, len(data) - 1)
-        if prev < 0 and start > 0:
+        skip = 0 if start == nl + 1 else data.find(b"\n") + 1  # a window may start mid-record
+        if skip == len(data):
             raise CorruptLog(f"{where}: the last record exceeds the record limit", path=where, offset=start)
-        last = _decode(data[prev + 1 : -1], where, start + prev + 1, "the last record")
+        offset = start + skip
+        expected = header.seq + 1 if skip == 0 else None
+        last = header
+        for line in data[skip:-1].split(b"\n"):
+            record = _decode(line, where, offset, "a record within the last append's reach")
+            if expected is not None and record.seq != expected:
+                raise CorruptLog(
+                    f"{where}: seq {record.seq} at offset {offset} where {expected} was expected; "
+                    "repair the session (with force) before appending",
+                    path=where, offset=offset, kind=str(DamageKind.SEQ_BREAK),
+                )
+            expected = record.seq + 1
+            offset += len(line) + 1
+            last = record
         return last.seq, last.ts
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import secrets
 import stat
 import sys
@@ -22,6 +23,9 @@ O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+PROBE_GRACE = 0.05
+"""Seconds a lock attempt keeps trying even with timeout 0: a scan's ownership probe
+holds a shared lock for microseconds and must not make a writer fail."""
 
 
 class FileSystem:
@@ -187,6 +191,18 @@ def quarantine_name(log_name: str, offset: int, kind: str) -> str:
     return f"{log_name}.{offset}.{kind}.{stamp}-{secrets.token_hex(4)}.quarantine"
 
 
+_QUARANTINE = re.compile(r"\.(\d+)\.([a-z-]+)\.\d{8}T\d{6}Z-[0-9a-f]{8}\.quarantine")
+
+
+def parse_quarantine_name(log_name: str, name: str) -> tuple[int, str] | None:
+    """``(offset, kind)`` when ``name`` is a quarantine file of ``log_name`` exactly (the
+    log of session ``a`` never claims the quarantine of session ``a.jsonl.x``)."""
+    if not name.startswith(log_name):
+        return None
+    match = _QUARANTINE.fullmatch(name, len(log_name))
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -223,11 +239,13 @@ class FileLock:
         self._pid = os.getpid()
 
     def acquire(self, timeout: float = 0.0) -> None:
-        """Take the lock, waiting up to ``timeout`` seconds; SessionLocked if it stays held."""
+        """Take the lock, waiting up to ``timeout`` seconds (never less than a short grace
+        that outlasts a scanner's probe); SessionLocked if it stays held. OSError from
+        opening the lock file propagates to the caller, which names the operation."""
         if self.fd is not None:
             raise SessionLogError(f"{self.path}: lock already held by this handle")
         fd = self.fs.open(self.path, os.O_RDWR | os.O_CREAT | O_NOFOLLOW, FILE_MODE)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max(timeout, PROBE_GRACE)
         delay = 0.001
         while True:
             try:

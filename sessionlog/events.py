@@ -215,6 +215,8 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
         raise RecordError("an event needs a non-empty string 'type'")
     if "seq" in event:
         raise RecordError("'seq' is assigned by the store; do not set it")
+    if not _str_keys(event):
+        raise RecordError("event keys must be strings")
     event_ts = event.get("ts")
     if event_ts is None:
         event_ts = time.time() if ts is None else ts
@@ -290,10 +292,19 @@ def _plain(event: object) -> bool:
         and bool(event["type"])
         and "seq" not in event
         and "ts" not in event
+        and _str_keys(event)
     )
 
 
+def _str_keys(event: Mapping[Any, Any]) -> bool:
+    """True when every top-level key is a string (the encoder would turn 1 into "1",
+    and a record with both would repeat a key: it would not decode)."""
+    return all(type(key) is str for key in event)
+
+
 def _checked(lines: list[bytes], record_limit: int, *, nested: bool) -> list[bytes]:
+    if not nested and (not lines or max(map(len, lines)) <= record_limit):
+        return lines
     for i, line in enumerate(lines):
         if len(line) > record_limit:
             raise RecordError(f"event {i} of the batch is {len(line)} bytes, over the record limit of {record_limit}")

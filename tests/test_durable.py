@@ -273,3 +273,121 @@ def test_refused_repair_changes_no_byte(tmp_path, name):
     assert rep.status == "refused"
     assert (tmp_path / name).read_bytes() == data
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".quarantine")]
+
+
+# --- regressions found in review ------------------------------------------------------
+
+
+def test_non_string_keys_are_refused_before_anything_is_written(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s1")
+    path = tmp_path / "st" / "s1.jsonl"
+    before = path.read_bytes()
+    for event in ({"type": "x", 1: "a", "1": "b"}, {"type": "x", 1: "a"}):
+        with pytest.raises(sessionlog.InvalidEvent):
+            store.append("s1", [{"type": "ok"}, event])
+    assert path.read_bytes() == before
+    assert store.scan("s1").status == "clean"
+
+
+@pytest.mark.parametrize("damage", ["zero-fill", "seq-break", "corrupt"])
+def test_append_is_refused_after_damage_within_one_append(tmp_path, damage):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s1", [{"type": "a", "i": i} for i in range(5)])
+    path = tmp_path / "st" / "s1.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    if damage == "zero-fill":  # a NUL hole, then a later page of the same write that landed
+        bad = b"".join(lines[:4]) + b"\0" * 50 + b"\n" + lines[5]
+    elif damage == "seq-break":  # the last record repeated
+        bad = b"".join(lines) + lines[-1]
+    else:  # a whole line that does not decode, then a record
+        bad = b"".join(lines[:5]) + b"{not json}\n" + lines[5]
+    path.write_bytes(bad)
+    fresh = open_jsonl(str(tmp_path / "st"))
+    with pytest.raises(CorruptLog):
+        fresh.append("s1", [{"type": "new"}])
+    assert path.read_bytes() == bad  # nothing glued after the damage
+
+
+def test_quarantine_of_a_longer_session_id_is_not_claimed(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("a")
+    store.create("a.jsonl.x")
+    with open(tmp_path / "st" / "a.jsonl.x.jsonl", "ab") as f:
+        f.write(b'{"seq":2,"ts":1,"ty')
+    rep = store.repair("a.jsonl.x")
+    assert rep.quarantine is not None
+    assert store.scan("a").status == "clean"
+    assert store.repair("a").status == "clean"
+    store.delete("a")
+    assert os.path.exists(rep.quarantine)  # the other session's dropped bytes are kept
+
+
+def test_os_errors_on_the_lock_file_are_session_log_errors(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s")
+    lock = tmp_path / "st" / ".s.lock"
+    os.symlink(tmp_path / "elsewhere", lock)  # O_NOFOLLOW: ELOOP
+    for call in (lambda: store.scan("s"), lambda: store.repair("s", dry_run=True),
+                 lambda: store.session("s", repair=True), lambda: store.delete("s"),
+                 lambda: store.append("s", [{"type": "x"}])):
+        with pytest.raises(sessionlog.IOFailure) as info:
+            call()
+        assert isinstance(info.value.__cause__, OSError)
+
+
+def test_a_scanner_probe_never_makes_a_writer_fail(tmp_path):
+    import threading
+
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s")
+    stop = threading.Event()
+
+    def scanner():
+        while not stop.is_set():
+            store.scan("s")
+
+    t = threading.Thread(target=scanner)
+    t.start()
+    try:
+        for _ in range(300):
+            with store.session("s"):  # timeout 0: only a real owner may refuse it
+                pass
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_failed_rollback_poisons_the_file_for_every_store_in_the_process(faulty):
+    store, fs, path = faulty
+    fs.fail("fdatasync")
+    fs.fail("ftruncate")
+    with pytest.raises(AppendFailed):
+        store.append("s1", [{"type": "x"}])
+    other = open_jsonl(str(path.parent))
+    with pytest.raises(AppendFailed) as info:
+        other.append("s1", [{"type": "y"}])
+    assert info.value.outcome_unknown
+    with pytest.raises(AppendFailed):
+        other.repair("s1")
+
+
+def test_a_last_record_of_exactly_the_record_limit_can_be_appended_after(tmp_path):
+    limits = sessionlog.Limits(record_limit=200, batch_limit=4096)
+    store = open_jsonl(str(tmp_path / "st"), limits=limits)
+    store.create("s")
+    filler = {"type": "x", "pad": ""}
+    size = len(b'{"seq":2,"ts":1796000000.123456,"type":"x","pad":""}')
+    store.append("s", [{**filler, "ts": 1796000000.123456, "pad": "p" * (200 - size)}])
+    assert max(len(r.raw) for r in store.read("s")) == 200
+    fresh = open_jsonl(str(tmp_path / "st"), limits=limits)
+    assert fresh.append("s", [{"type": "y"}]) == 3
+
+
+def test_session_repair_holds_the_lock_until_the_handle_is_open(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s", [{"type": "turn/start", "turn": "t"}])
+    with store.session("s", repair=True) as s:
+        assert s.last_seq == 3
+        with pytest.raises(sessionlog.SessionLocked):
+            store.session("s")
