@@ -1,9 +1,30 @@
 """The SQL backend (SQLAlchemy 2 Core): SQLite by default, PostgreSQL for fleets.
 
 URLs: ``sqlite:///FILE`` and ``postgresql+psycopg://USER@HOST/DB`` (``?schema=NAME`` puts
-the tables in a PostgreSQL schema, created on first use). Many sessions live in one
-database; each record is one row holding its exact bytes, so ``convert`` between a file
-backend and SQL is byte-identical (tables in :mod:`sessionlog.backends.sql_schema`).
+the tables in a PostgreSQL schema, created on first use by a writing store). Many sessions
+live in one database; each record is one row holding its exact bytes, so ``convert``
+between a file backend and SQL is byte-identical (tables in
+:mod:`sessionlog.backends.sql_schema`).
+
+Reading without writing: ``SqlStore(url, read_only=True)`` (what ``scan``, ``show``,
+``repair --dry-run`` and ``convert``'s source open, through
+``sessionlog.targets.open_source``) never writes to the database: it creates no table,
+schema, file or lock directory, runs no PRAGMA that persists (an SQLite file keeps its
+journal mode), opens SQLite ``mode=ro`` and runs PostgreSQL connections with
+``default_transaction_read_only = on``, so a role with only SELECT rights can scan. A
+database without the sessionlog tables is CorruptLog ("not a sessionlog store"); the
+writing methods raise StoreClosed. SQLite gives every reader of a WAL database its
+``-wal``/``-shm`` files (an empty WAL and a rebuildable index when the writer had closed
+them); the database file's bytes stay as they were: a read-only connection never
+checkpoints. A writing store (the default) creates the tables when they are missing.
+
+Connections: each open session handle (``store.session()``) holds one database connection
+for as long as it is open; on PostgreSQL its ownership (advisory) lock lives on that
+connection. So N concurrently open handles need N server connections, plus a few pooled
+ones for reads and one-shot calls: keep the number of open handles well below the server's
+``max_connections`` (default 100, shared with every other client of the server), or raise
+it. A connection that cannot be made (server down, too many clients, bad credentials) is
+IOFailure naming the URL with its password hidden.
 
 Guarantees (DESIGN.md section 4):
 
@@ -90,7 +111,7 @@ from .sql_engines import (
     _quiet,
     driver_error,
 )
-from .sql_schema import build_schema, check_version
+from .sql_schema import build_schema, check_store, check_version
 
 __all__ = ["DurabilityRefused", "RowScan", "SqlSession", "SqlStore", "open_url"]
 
@@ -101,6 +122,23 @@ MAX_ATTEMPTS = 12
 """Tries of one append when it meets retryable errors (busy, deadlock, serialization)."""
 
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+_QUARANTINE_TAIL = re.compile(r"\.(\d+)\.([a-z-]+)\.\d{8}T\d{6}Z-[0-9a-f]{8}\.quarantine")
+"""What follows the session id in a quarantine name (sessionlog.durable.quarantine_name)."""
+
+TOO_MANY_CONNECTIONS = "53300"
+"""PostgreSQL's SQLSTATE when the server (or a role or database limit) allows no more connections."""
+
+_TOO_MANY = re.compile(r"too many (clients|connections)")
+
+
+def parse_quarantine_name(session_id: str, name: str) -> tuple[int, str] | None:
+    """``(offset, kind)`` when ``name`` is exactly ``<session_id>.<offset>.<kind>.<stamp>.quarantine``
+    (session ``a`` never reads session ``a.x``'s name as its own); None otherwise."""
+    if not name.startswith(session_id):
+        return None
+    match = _QUARANTINE_TAIL.fullmatch(name, len(session_id))
+    return (int(match.group(1)), match.group(2)) if match else None
 
 
 # --- scanning rows (pure) ----------------------------------------------------------------
@@ -365,8 +403,11 @@ class SqlStore:
     append or a delete waits for the session's owner), ``busy_timeout`` (SQLite: seconds
     a transaction waits for the database's write lock), ``synchronous`` (SQLite: FULL or
     EXTRA; anything weaker is refused), ``engine_options`` (passed to
-    ``sqlalchemy.create_engine``). Raises DurabilityRefused, UnsupportedFormat (a newer
-    schema), IOFailure (the database cannot be reached)."""
+    ``sqlalchemy.create_engine``), ``read_only`` (never write to the database: see the
+    module docstring; the database must already hold a sessionlog store). Raises
+    DurabilityRefused (a writing store only), UnsupportedFormat (a newer schema),
+    CorruptLog (read-only: not a sessionlog store), IOFailure (the database cannot be
+    reached or opened)."""
 
     atomic_batches = True
 
@@ -379,10 +420,12 @@ class SqlStore:
         busy_timeout: float = 5.0,
         synchronous: str = "FULL",
         engine_options: Mapping[str, Any] | None = None,
+        read_only: bool = False,
     ) -> None:
         from sessionlog import InvalidStoreUrl
 
         self.url = url
+        self.read_only = read_only
         self.limits = limits
         self.lock_timeout = lock_timeout
         self._closed = False
@@ -398,7 +441,7 @@ class SqlStore:
             self.schema = build_schema(None)
             self.kind: EngineKind = SqliteKind(
                 sa_url, self.schema, where=self.display_url, busy_timeout=busy_timeout,
-                synchronous=synchronous, engine_options=options,
+                synchronous=synchronous, engine_options=options, read_only=read_only,
             )
         elif backend == "postgresql" and driver in ("psycopg", "psycopg2", ""):
             if driver != "psycopg":
@@ -411,7 +454,8 @@ class SqlStore:
             sa_url = sa_url.difference_update_query(["schema"])
             self.schema = build_schema(namespace)
             self.kind = PostgresKind(
-                sa_url, self.schema, where=self.display_url, namespace=namespace or "public", engine_options=options,
+                sa_url, self.schema, where=self.display_url, namespace=namespace or "public",
+                engine_options=options, read_only=read_only,
             )
         else:
             raise InvalidStoreUrl(
@@ -419,7 +463,11 @@ class SqlStore:
             )
         self.engine = self.kind.engine
         try:
-            self._ensure_schema()
+            if read_only:
+                with self._errors("opening the store"), self._connect() as conn, self._reading(conn) as c:
+                    check_store(c, self.schema, self.display_url)
+            else:
+                self._ensure_schema()
         except BaseException:
             self.engine.dispose()
             raise
@@ -451,7 +499,12 @@ class SqlStore:
             cause = driver_error(exc)
             if isinstance(cause, SessionLogError):
                 raise cause from None
-            raise IOFailure(f"{self.display_url}: cannot connect: {cause}") from exc
+            hint = ""
+            # psycopg reports a refused connection without its SQLSTATE: match the text too.
+            if getattr(cause, "sqlstate", None) == TOO_MANY_CONNECTIONS or _TOO_MANY.search(str(cause)):
+                hint = (" (the server allows no more connections: every open session handle holds "
+                        "one connection; close handles or raise max_connections)")
+            raise IOFailure(f"{self.display_url}: cannot connect: {cause}{hint}") from exc
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -506,6 +559,10 @@ class SqlStore:
             self.schema.metadata.create_all(conn)
             check_version(conn, self.schema, self.display_url)
 
+    def _check_writable(self, what: str) -> None:
+        if self.read_only:
+            raise StoreClosed(f"{self.display_url}: the store is open read-only; {what} needs a writing store")
+
     def _check_id(self, session_id: str) -> None:
         if not valid_session_id(session_id):
             raise InvalidSessionId(
@@ -529,6 +586,7 @@ class SqlStore:
         """Publish a new session: header (seq 1) and ``events`` in one transaction, durable
         on return. Raises SessionExists, InvalidSessionId, InvalidEvent."""
         self._check_id(session_id)
+        self._check_writable("create")
         lines = self.encode_batch([header_event(session_id), *events_list(events)], 1)
         records = self.schema.records
         with self._errors("create"), self._connect() as conn, self._write(conn):
@@ -552,6 +610,7 @@ class SqlStore:
         one transaction. Raises SessionExists, InvalidEvent (not this session's header, a
         gap, a record that does not decode or spans lines)."""
         self._check_id(session_id)
+        self._check_writable("import")
         check = ImportCheck(session_id)
         table = self.schema.records
         with self._errors("import"), self._connect() as conn, self._write(conn):
@@ -587,6 +646,7 @@ class SqlStore:
         """Remove the session, its rows and its quarantined rows in one transaction
         (waits up to ``lock_timeout`` for its owner: SessionLocked). Raises SessionNotFound."""
         self._check_id(session_id)
+        self._check_writable("delete")
         t = self.schema
         with self._errors("delete"), self._connect() as conn:
             owner = self.kind.ownership(session_id, conn)
@@ -616,6 +676,7 @@ class SqlStore:
         throughout (never with force: CorruptLog when the damage needs it). Without
         ``repair`` a damaged tail is CorruptLog."""
         self._check_id(session_id)
+        self._check_writable("owning a session")
         if create:
             try:
                 self.create(session_id)
@@ -630,6 +691,7 @@ class SqlStore:
         """One-shot durable append: owns the session for this call (waiting up to
         ``lock_timeout``: SessionLocked), then appends as :meth:`SqlSession.append`."""
         self._check_id(session_id)
+        self._check_writable("append")
         batch = events_list(events)
         with self.session(session_id, timeout=self.lock_timeout) as handle:
             return handle.append(batch, expect_seq=expect_seq)
@@ -838,6 +900,7 @@ class SqlStore:
                     return RepairReport(session_id, None, "refused", reason="a writer owns the session")
                 scan, tail = self._scan(session_id, owned=False)
                 return self._repair_plan(scan, tail, force=force)
+            self._check_writable("repair (without dry_run)")
             with self._connect() as conn:
                 owner = self.kind.ownership(session_id, conn)
                 owner.acquire(0.0)
@@ -859,12 +922,12 @@ class SqlStore:
             return report
         events: list[dict[str, Any]] = []
         for name in scan.unmarked_quarantines:
-            # Names are <id>.<offset>.<kind>.<stamp>.quarantine (sessionlog.durable.quarantine_name).
-            parts = name[len(scan.session) + 1 :].split(".")
-            offset_text, reason = parts[0], parts[1] if len(parts) > 2 else "unknown"
+            # The quarantine table is keyed by session id; the name only tells offset and kind.
+            parsed = parse_quarantine_name(scan.session, name)
+            offset, reason = parsed if parsed is not None else (0, "unknown")
             events.append(truncation_marker(
-                offset=int(offset_text) if offset_text.isdigit() else 0,
-                dropped_bytes=tail.quarantines.get(name, 0), reason=reason, quarantine=name, ts=scan.last_ts,
+                offset=offset, dropped_bytes=tail.quarantines.get(name, 0), reason=reason, quarantine=name,
+                ts=scan.last_ts,
             ))
         if damage is not None:
             name = quarantine_name(scan.session, damage.offset, str(damage.kind))
@@ -946,5 +1009,5 @@ class SqlStore:
 
 def open_url(url: str, **options: Any) -> SqlStore:
     """``sqlite:///FILE`` or ``postgresql+psycopg://USER@HOST/DB[?schema=NAME]``; options as
-    :class:`SqlStore`."""
+    :class:`SqlStore` (``read_only=True`` to read without writing)."""
     return SqlStore(url, **options)

@@ -16,6 +16,7 @@ import hashlib
 import os
 import sqlite3
 import sys
+import urllib.parse
 from collections.abc import Callable, Mapping
 from itertools import count, repeat
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from sqlalchemy import event
 
 from sessionlog.contract import (
     AppendFailed,
+    CorruptLog,
     DurabilityRefused,
     IOFailure,
     SequenceConflict,
@@ -148,36 +150,51 @@ _SYNC_LEVELS = {"0": 0, "OFF": 0, "1": 1, "NORMAL": 1, "2": 2, "FULL": 2, "3": 3
 class SqliteKind(EngineKind):
     """SQLite: WAL, ``synchronous=FULL`` and a busy timeout on every connection; writes in
     ``BEGIN IMMEDIATE``; ownership is the ``flock`` protocol on a lock file per session in
-    a ``.<db file>.locks/`` directory beside the database."""
+    a ``.<db file>.locks/`` directory beside the database.
+
+    ``read_only``: the file must exist and is opened ``mode=ro`` (plus ``query_only``);
+    no file is created and no PRAGMA that persists in the database runs (the journal mode
+    stays whatever it is); the durability settings are not checked, since nothing is
+    committed."""
 
     name = "sqlite"
 
     def __init__(
         self, url: sa.URL, schema: Schema, *, where: str, busy_timeout: float, synchronous: str,
-        engine_options: Mapping[str, Any],
+        engine_options: Mapping[str, Any], read_only: bool = False,
     ) -> None:
         self.schema = schema
         self.where = where
+        self.read_only = read_only
         query = dict(url.query)
         sync = str(query.pop("synchronous", synchronous)).upper()
         journal = str(query.pop("journal_mode", "WAL")).upper()
         level = _SYNC_LEVELS.get(sync)
-        if level is None or level < 2:
-            raise DurabilityRefused(
-                f"{where}: synchronous={sync} would lose acknowledged appends on power loss; "
-                "the SQL backend runs SQLite with synchronous=FULL (or EXTRA)"
-            )
-        if journal != "WAL":
-            raise DurabilityRefused(f"{where}: journal_mode={journal} is not supported; the SQL backend uses WAL")
         database = url.database
-        if not database or database == ":memory:" or query.get("mode") == "memory":
-            raise DurabilityRefused(
-                f"{where}: an in-memory SQLite database is not durable; use a file "
-                "(sqlite:///FILE) or the memory: backend"
-            )
+        in_memory = not database or database == ":memory:" or query.get("mode") == "memory"
+        if read_only:
+            if in_memory:
+                raise CorruptLog(f"{where}: not a sessionlog store (a new in-memory database is empty)", path=where)
+        else:
+            if level is None or level < 2:
+                raise DurabilityRefused(
+                    f"{where}: synchronous={sync} would lose acknowledged appends on power loss; "
+                    "the SQL backend runs SQLite with synchronous=FULL (or EXTRA)"
+                )
+            if journal != "WAL":
+                raise DurabilityRefused(
+                    f"{where}: journal_mode={journal} is not supported; the SQL backend uses WAL"
+                )
+            if in_memory:
+                raise DurabilityRefused(
+                    f"{where}: an in-memory SQLite database is not durable; use a file "
+                    "(sqlite:///FILE) or the memory: backend"
+                )
+        assert database is not None
         self.path = os.path.abspath(database)
         self.lock_dir = os.path.join(os.path.dirname(self.path), f".{os.path.basename(self.path)}.locks")
-        _create_private(self.path)
+        if not read_only:
+            _create_private(self.path)
         self._sync = "EXTRA" if level == 3 else "FULL"
         self._busy_ms = max(0, int(busy_timeout * 1000))
         options: dict[str, Any] = {"pool_size": 8, "max_overflow": -1}
@@ -185,7 +202,16 @@ class SqliteKind(EngineKind):
         connect_args = dict(options.pop("connect_args", {}))
         connect_args.setdefault("check_same_thread", False)
         connect_args.setdefault("timeout", busy_timeout)
-        self.engine = sa.create_engine(url.set(query=query), connect_args=connect_args, **options)
+        if read_only:
+            # mode=ro: SQLite neither creates the file nor writes to it. A reader of a WAL
+            # database still gets the -wal/-shm files SQLite needs to read it, but never
+            # checkpoints into the database or truncates the WAL.
+            uri = f"file:{urllib.parse.quote(self.path)}?mode=ro"
+            connect_args.pop("uri", None)
+            options["creator"] = lambda: sqlite3.connect(uri, uri=True, **connect_args)
+            self.engine = sa.create_engine(url.set(query=query), **options)
+        else:
+            self.engine = sa.create_engine(url.set(query=query), connect_args=connect_args, **options)
         event.listen(self.engine, "connect", self._on_connect)
         event.listen(self.engine, "begin", self._on_begin)
         self._prepare_sql("?")
@@ -197,6 +223,10 @@ class SqliteKind(EngineKind):
         # BEGIN (reads) or BEGIN IMMEDIATE (writes), so a write never upgrades a read lock.
         dbapi.isolation_level = None
         dbapi.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        if self.read_only:
+            # Connection-level only: the database file is not touched.
+            dbapi.execute("PRAGMA query_only = ON")
+            return
         mode = dbapi.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         # FULL in WAL mode: the WAL is synced at every commit, so a commit that returned
         # survives power loss.
@@ -321,16 +351,21 @@ class FileOwnership:
 class PostgresKind(EngineKind):
     """PostgreSQL through psycopg 3: connections with ``synchronous_commit=off`` (or a
     server with ``fsync=off``) are refused; an append locks the session's row, reads the
-    tail and inserts; ownership is a session-level advisory lock keyed by the session id."""
+    tail and inserts; ownership is a session-level advisory lock keyed by the session id.
+
+    ``read_only``: every connection runs ``default_transaction_read_only = on``, so the
+    server refuses any write; the durability settings are not checked."""
 
     name = "postgresql"
 
     def __init__(
         self, url: sa.URL, schema: Schema, *, where: str, namespace: str, engine_options: Mapping[str, Any],
+        read_only: bool = False,
     ) -> None:
         self.schema = schema
         self.where = where
         self.namespace = namespace
+        self.read_only = read_only
         options: dict[str, Any] = {"pool_size": 5, "max_overflow": -1}
         options.update(engine_options)
         self.engine = sa.create_engine(url, **options)
@@ -348,6 +383,11 @@ class PostgresKind(EngineKind):
         )
 
     def _on_connect(self, dbapi: Any, record: object) -> None:
+        if self.read_only:
+            with dbapi.cursor() as cur:
+                cur.execute("SET default_transaction_read_only = on")
+            dbapi.commit()  # a SET inside a rolled-back transaction would not stick
+            return
         with dbapi.cursor() as cur:
             cur.execute("SELECT current_setting('synchronous_commit'), current_setting('fsync')")
             sync_commit, fsync = cur.fetchone()

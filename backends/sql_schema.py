@@ -10,8 +10,9 @@ exact bytes; primary key ``(session_id, seq)``. The rest is this backend's own:
 ``sessionlog_quarantine``  rows that a forced repair moved out of a session, under the name
                            its ``log/truncated`` marker gives; never deleted by repair.
 
-Tables are created on first use, under a lock (SQLite's write lock, a PostgreSQL advisory
-lock) so that many processes opening a new database at once do not race.
+A writing store creates the tables on first use, under a lock (SQLite's write lock, a
+PostgreSQL advisory lock) so that many processes opening a new database at once do not
+race. A read-only store creates nothing: :func:`check_store` only looks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from sessionlog.contract import UnsupportedFormat
+from sessionlog.contract import CorruptLog, UnsupportedFormat
 
 SCHEMA_VERSION: Final = 1
 """The table layout this version writes. A database with a higher version is refused
@@ -95,6 +96,28 @@ def check_version(conn: sa.Connection, schema: Schema, where: str) -> None:
     if found is None:
         conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
         return
+    _check_version_text(found, where)
+
+
+def check_store(conn: sa.Connection, schema: Schema, where: str) -> None:
+    """Check, reading only, that the database holds a sessionlog store this version reads.
+
+    Raises CorruptLog ("not a sessionlog store") when a table or the schema version is
+    missing (an unrelated database, a mistyped URL or ``?schema=``), UnsupportedFormat
+    for a newer schema version."""
+    inspector = sa.inspect(conn)
+    tables = (schema.meta, schema.sessions, schema.records, schema.quarantine)
+    missing = [t.name for t in tables if not inspector.has_table(t.name, schema=schema.namespace)]
+    if missing:
+        raise CorruptLog(f"{where}: not a sessionlog store (no table {', '.join(missing)})", path=where)
+    meta = schema.meta
+    found = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).scalar()
+    if found is None:
+        raise CorruptLog(f"{where}: not a sessionlog store (no schema_version in {meta.name})", path=where)
+    _check_version_text(found, where)
+
+
+def _check_version_text(found: str, where: str) -> None:
     try:
         version = int(found)
     except ValueError:

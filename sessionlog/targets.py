@@ -53,7 +53,9 @@ def resolve_target(text: str) -> tuple[str, str | None]:
 
 def open_source(url: str) -> EventStore:
     """Open a store to read without writing to it: a file store's directory (or a SQLite
-    file) must exist; a file store's directory is not created or swept."""
+    file) must exist; a file store's directory is not created or swept; a SQL store is
+    opened read-only (no table, schema or file is created; a database without the
+    sessionlog tables is CorruptLog)."""
     scheme = scheme_of(url)
     if scheme in ("jsonl", "zstd"):
         directory = url.partition(":")[2]
@@ -65,4 +67,6 @@ def open_source(url: str) -> EventStore:
         path = url.partition(":///")[2].partition("?")[0]
         if path and path != ":memory:" and not os.path.isfile(path):
             raise SessionNotFound(f"{path}: no such SQLite store")
+    if scheme in ("sqlite", "postgresql"):
+        return open_store(url, read_only=True)
     return open_store(url)

@@ -8,6 +8,8 @@ with a SQL shell would make them.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import secrets
 import sqlite3
@@ -22,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionlog.backends.sql import DurabilityRefused, RowScan, SqlStore
 
 import sessionlog
 from sessionlog import (
@@ -36,8 +39,8 @@ from sessionlog import (
     Status,
     StoreClosed,
     UnsupportedFormat,
+    cli,
 )
-from sessionlog.backends.sql import DurabilityRefused, RowScan, SqlStore
 from sessionlog.events import Record, encode_record, header_event
 
 PG_ENV = "SESSIONLOG_TEST_POSTGRES_URL"
@@ -644,3 +647,214 @@ def test_row_scan_classifies_any_single_damage(n: int, data: st.DataObject) -> N
         assert damage.records_after == len(tail) - 1
     else:
         assert damage.kind is DamageKind.SEQ_BREAK and damage.records_after == len(tail)
+
+
+# --- reading without writing (scan, show, repair --dry-run) ------------------------------
+
+
+def _dir_listing(path: Path) -> dict[str, str]:
+    """Every file beside the database (hidden ones too) with the sha256 of its bytes."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(path.iterdir())}
+
+
+def _sqlite_facts(path: Path) -> tuple[list[str], str]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        return tables, conn.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_scanning_an_unrelated_sqlite_file_changes_nothing_and_exits_4(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.execute("INSERT INTO notes (body) VALUES ('keep me')")
+    conn.commit()
+    conn.close()
+    before = _dir_listing(tmp_path), _sqlite_facts(path)
+    assert before[1] == (["notes"], "delete")
+
+    out = io.StringIO()
+    assert cli.main(["scan", f"sqlite:///{path}", "--json"], out) == 4
+    assert cli.main(["show", f"sqlite:///{path}", "--session", "s1"], io.StringIO()) == 4
+    assert cli.main(["repair", f"sqlite:///{path}", "--dry-run"], io.StringIO()) == 4
+    with pytest.raises(CorruptLog, match="not a sessionlog store"):
+        SqlStore(f"sqlite:///{path}", read_only=True)
+    assert (_dir_listing(tmp_path), _sqlite_facts(path)) == before
+
+
+def test_scanning_a_sqlite_store_leaves_its_database_bytes_alone(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    with sessionlog.open_store(url) as store:
+        store.create("s1", plain(3))
+        store.create("s2", [{"type": "turn/start", "turn": "t1"}])
+    before = _dir_listing(tmp_path)
+    out = io.StringIO()
+    assert cli.main(["scan", url, "--json"], out) == 1  # s2 has an open turn: repairable
+    assert cli.main(["repair", url, "--dry-run"], io.StringIO()) == 0
+    with SqlStore(url, read_only=True) as reader:
+        assert reader.sessions() == ["s1", "s2"]
+        assert [r.seq for r in reader.read("s1")] == [1, 2, 3, 4]
+    after = _dir_listing(tmp_path)
+    # SQLite gives any reader of a WAL database its -wal and -shm files (an empty WAL and
+    # the rebuildable index): the database file, its tables and the lock directory stay
+    # as they were.
+    assert after[path.name] == before[path.name]
+    assert set(after) - set(before) <= {"store.db-wal", "store.db-shm"}
+    if "store.db-wal" in after:
+        assert (tmp_path / "store.db-wal").stat().st_size == 0
+    assert _sqlite_facts(path)[1] == "wal"
+    assert not (tmp_path / ".store.db.locks").exists()
+
+
+def test_reading_a_live_sqlite_store_never_checkpoints_it(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    with sessionlog.open_store(url) as store:
+        store.create("s1", plain(3))
+        with store.session("s1") as handle:
+            handle.append(plain(50))
+            before = _dir_listing(tmp_path)
+            assert path.with_name("store.db-wal").stat().st_size > 0
+            with SqlStore(url, read_only=True) as reader:
+                assert reader.scan("s1").status is Status.OPEN
+                assert len(list(reader.read("s1"))) == 54
+            after = _dir_listing(tmp_path)
+            assert after[path.name] == before[path.name]
+            assert after["store.db-wal"] == before["store.db-wal"]
+
+
+def test_read_only_sqlite_store_refuses_writes(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with sessionlog.open_store(url) as store:
+        store.create("s1")
+    with SqlStore(url, read_only=True) as reader:
+        for call in (lambda: reader.create("s2"), lambda: reader.append("s1", plain(1)),
+                     lambda: reader.session("s1"), lambda: reader.delete("s1"),
+                     lambda: reader.repair("s1"), lambda: reader.import_session("s3", [])):
+            with pytest.raises(StoreClosed, match="read-only"):
+                call()
+        assert reader.repair("s1", dry_run=True).status == "clean"
+    assert [r.seq for r in sessionlog.open_store(url).read("s1")] == [1]
+
+
+def test_read_only_sqlite_store_needs_the_file(tmp_path: Path) -> None:
+    with pytest.raises(sessionlog.IOFailure):
+        SqlStore(f"sqlite:///{tmp_path / 'missing.db'}", read_only=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_store_ignores_the_writer_durability_settings(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    sessionlog.open_store(url).close()
+    with SqlStore(url + "?synchronous=OFF", read_only=True) as reader:
+        assert reader.sessions() == []
+
+
+def _pg_tables(base: str, schema: str) -> int:
+    return db(base, "SELECT count(*) FROM information_schema.tables WHERE table_schema = :s", s=schema)[0][0]
+
+
+def _pg_schemas(base: str, schema: str) -> int:
+    return db(base, "SELECT count(*) FROM information_schema.schemata WHERE schema_name = :s", s=schema)[0][0]
+
+
+def test_scanning_a_fresh_postgres_schema_creates_nothing(pg_schema_url: str) -> None:
+    base = postgres_base_url()
+    schema = sa.make_url(pg_schema_url).query["schema"]
+    assert (_pg_schemas(base, schema), _pg_tables(base, schema)) == (0, 0)
+    assert cli.main(["scan", pg_schema_url, "--json"], io.StringIO()) == 4
+    assert cli.main(["repair", pg_schema_url, "--dry-run"], io.StringIO()) == 4
+    with pytest.raises(CorruptLog, match="not a sessionlog store"):
+        SqlStore(pg_schema_url, read_only=True)
+    assert (_pg_schemas(base, schema), _pg_tables(base, schema)) == (0, 0)
+    # An existing schema without the tables is not a store either.
+    db(base, f'CREATE SCHEMA "{schema}"')
+    assert cli.main(["scan", pg_schema_url, "--json"], io.StringIO()) == 4
+    assert _pg_tables(base, schema) == 0
+
+
+def test_read_only_postgres_store_reads_and_refuses_writes(pg_schema_url: str) -> None:
+    with sessionlog.open_store(pg_schema_url) as store:
+        store.create("s1", plain(2))
+    with SqlStore(pg_schema_url, read_only=True) as reader:
+        assert reader.sessions() == ["s1"]
+        assert reader.scan("s1").status is Status.CLEAN
+        with pytest.raises(StoreClosed, match="read-only"):
+            reader.append("s1", plain(1))
+        with reader.engine.connect() as conn:  # the connection itself refuses writes
+            assert conn.exec_driver_sql("SHOW default_transaction_read_only").scalar() == "on"
+    out = io.StringIO()
+    assert cli.main(["scan", pg_schema_url, "--json"], out) == 0
+    assert '"status": "clean"' in out.getvalue()
+
+
+def test_scan_of_a_read_only_postgres_role_works(pg_schema_url: str) -> None:
+    base = postgres_base_url()
+    schema = sa.make_url(pg_schema_url).query["schema"]
+    with sessionlog.open_store(pg_schema_url) as store:
+        store.create("s1", plain(2))
+    role = f"sl_reader_{secrets.token_hex(4)}"
+    db(base, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        db(base, f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        db(base, f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        u = sa.make_url(pg_schema_url).set(username=role)
+        reader_url = u.render_as_string(hide_password=False)
+        with SqlStore(reader_url, read_only=True) as reader:
+            assert reader.scan("s1").record_count == 3
+        with pytest.raises(sessionlog.IOFailure):  # a writing store needs CREATE rights
+            SqlStore(reader_url).close()
+    finally:
+        db(base, f'DROP OWNED BY "{role}"')
+        db(base, f'DROP ROLE "{role}"')
+
+
+# --- connections -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_unreachable_postgres_is_io_failure_without_the_password(read_only: bool) -> None:
+    url = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/test"
+    with pytest.raises(sessionlog.IOFailure) as info:
+        SqlStore(url, read_only=read_only)
+    message = str(info.value)
+    assert "hunter2" not in message and "127.0.0.1:1" in message and "***" in message
+
+
+# --- quarantine names --------------------------------------------------------------------
+
+
+def test_unmarked_quarantine_names_are_parsed_exactly(store: SqlStore, sql_url: str) -> None:
+    store.create("a", plain(2))
+    store.create("a.x", plain(2))
+    stamp = "20260101T000000Z-0123abcd"
+    # A row of session "a" under a name that is not "a.<offset>.<kind>.<stamp>.quarantine"
+    # (it reads as session "a.x"'s), and one that is exactly session "a"'s.
+    for name, seq in ((f"a.x.3.mid-log.{stamp}.quarantine", 3), (f"a.5.corrupt.{stamp}.quarantine", 5)):
+        db(sql_url, "INSERT INTO sessionlog_quarantine (name, seq, session_id, record, moved_at) "
+                    "VALUES (:n, :s, 'a', :r, 0)", n=name, s=seq, r=b"lost")
+    report = store.repair("a")
+    markers = {r["quarantine"]: (r["offset"], r["reason"]) for r in report.appended}
+    assert markers == {f"a.x.3.mid-log.{stamp}.quarantine": (0, "unknown"),
+                       f"a.5.corrupt.{stamp}.quarantine": (5, "corrupt")}
+    assert store.scan("a.x").unmarked_quarantines == []
+
+
+def test_postgres_too_many_connections_is_io_failure_with_a_hint(pg_schema_url: str) -> None:
+    base = postgres_base_url()
+    with sessionlog.open_store(pg_schema_url) as store:
+        store.create("s1")
+    role = f"sl_limited_{secrets.token_hex(4)}"
+    db(base, f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
+    try:
+        limited = sa.make_url(pg_schema_url).set(username=role).render_as_string(hide_password=False)
+        with pytest.raises(sessionlog.IOFailure, match="every open session handle holds one connection"):
+            SqlStore(limited, read_only=True)
+    finally:
+        db(base, f'DROP ROLE "{role}"')
