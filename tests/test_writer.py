@@ -75,19 +75,20 @@ def test_failed_batch_requeued_in_order_and_flush_raises_then_recovers(tmp_path)
         w = WriteBehind(store, on_error=lambda sid, exc: errors.append((sid, exc)))
         fs.fail_syncs = 2
         f1 = w.submit("s1", [{"type": "a"}])
-        with pytest.raises(AppendFailed):
-            await f1  # the producer learns of the failure
-        w.submit("s1", [{"type": "b"}])
+        f2 = w.submit("s1", [{"type": "b"}])
+        await asyncio.sleep(0.1)
+        assert errors and errors[0][0] == "s1"  # the background failure is reported
+        assert not f1.done() and not f2.done()  # queued again, in order, not lost
         # The automatic path is paused; an explicit flush retries (fails once more) and raises.
         with pytest.raises(AppendFailed):
             await w.flush("s1")
         assert [r["type"] for r in store.read("s1")] == ["session/start"]
         await w.flush("s1")  # the disk is back: the queue drains, in order
+        assert (await f1, await f2) == (2, 3)
         await w.close()
 
     asyncio.run(main())
     assert [r["type"] for r in store.read("s1")] == ["session/start", "a", "b"]
-    assert errors and errors[0][0] == "s1"
 
 
 def test_close_stops_admission(tmp_path):
@@ -131,6 +132,122 @@ def test_an_invalid_event_fails_only_its_producer(tmp_path):
             with pytest.raises(sessionlog.InvalidEvent):
                 await bad
             assert await good2 == 3
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "ok", "ok"]
+
+
+class Handle:
+    """A real session handle whose next appends fail as told (the engine's own errors)."""
+
+    def __init__(self, inner, failures):
+        self.inner, self.failures = inner, failures  # shared: each failure happens once
+
+    @property
+    def last_seq(self):
+        return self.inner.last_seq
+
+    def append(self, events, *, expect_seq=None):
+        if self.failures:
+            exc = self.failures.pop(0)
+            if exc is not None:
+                if getattr(exc, "outcome_unknown", False):
+                    self.inner.append(events)  # the commit happened; its reply was lost
+                raise exc
+        return self.inner.append(events, expect_seq=expect_seq)
+
+    def close(self):
+        self.inner.close()
+
+
+class ScriptedStore:
+    def __init__(self, store, failures):
+        self.store, self.failures = store, failures
+
+    def session(self, sid, **kw):
+        return Handle(self.store.session(sid, **kw), self.failures)
+
+
+def test_unknown_outcome_is_never_written_again(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    unknown = AppendFailed("commit reply lost", outcome_unknown=True)
+    scripted = ScriptedStore(store, [unknown])
+
+    async def main():
+        w = WriteBehind(scripted)
+        with pytest.raises(AppendFailed) as info:
+            await w.append("s1", [{"type": "tool/call", "call_id": "c1"}])
+        assert info.value.outcome_unknown
+        with pytest.raises(AppendFailed):
+            w.submit("s1", [{"type": "later"}])
+        with pytest.raises(AppendFailed):
+            await w.flush("s1")
+        with pytest.raises(AppendFailed):
+            await w.close()
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "tool/call"]  # once
+
+
+def test_paused_session_refuses_new_events_at_once(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    failed = AppendFailed("rolled back")
+    scripted = ScriptedStore(store, [failed])
+
+    async def main():
+        w = WriteBehind(scripted)
+        first = w.submit("s1", [{"type": "a"}])
+        await asyncio.sleep(0.1)
+        assert w.failure("s1") is failed
+        with pytest.raises(AppendFailed):
+            await asyncio.wait_for(w.append("s1", [{"type": "tool/call"}]), 1.0)  # no hang
+        assert not first.done()  # not told it failed: it is still queued
+        await w.flush("s1")
+        assert await first == 2
+        await w.close()
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "a"]
+
+
+def test_close_fails_and_drops_what_cannot_be_written(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    scripted = ScriptedStore(store, [AppendFailed("1"), AppendFailed("2"), AppendFailed("3")])
+
+    async def main():
+        w = WriteBehind(scripted)
+        f = w.submit("s1", [{"type": "a"}])
+        await asyncio.sleep(0.1)
+        with pytest.raises(AppendFailed):
+            await w.close()
+        with pytest.raises(AppendFailed):
+            await f
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start"]
+
+
+def test_an_error_while_isolating_an_invalid_event_keeps_the_rest_queued(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    # the grouped batch is refused (invalid event), then the first single write fails
+    scripted = ScriptedStore(store, [None, AppendFailed("disk hiccup")])
+
+    async def main():
+        w = WriteBehind(scripted, max_delay=0.02)
+        good = w.submit("s1", [{"type": "ok", "i": 1}])
+        bad = w.submit("s1", [{"no": "type"}])
+        good2 = w.submit("s1", [{"type": "ok", "i": 2}])
+        await asyncio.sleep(0.2)
+        assert not good.done() and not good2.done()
+        await w.flush("s1")
+        assert (await good, await good2) == (2, 3)
+        with pytest.raises(sessionlog.InvalidEvent):
+            await bad
+        await w.close()
 
     asyncio.run(main())
     assert [r["type"] for r in store.read("s1")] == ["session/start", "ok", "ok"]
