@@ -90,7 +90,7 @@ from sessionlog.contract import (
     classify_damage,
     events_list,
 )
-from sessionlog.durable import quarantine_name
+from sessionlog.durable import parse_quarantine_name, quarantine_name
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
@@ -123,22 +123,10 @@ MAX_ATTEMPTS = 12
 
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-_QUARANTINE_TAIL = re.compile(r"\.(\d+)\.([a-z-]+)\.\d{8}T\d{6}Z-[0-9a-f]{8}\.quarantine")
-"""What follows the session id in a quarantine name (sessionlog.durable.quarantine_name)."""
-
 TOO_MANY_CONNECTIONS = "53300"
 """PostgreSQL's SQLSTATE when the server (or a role or database limit) allows no more connections."""
 
 _TOO_MANY = re.compile(r"too many (clients|connections)")
-
-
-def parse_quarantine_name(session_id: str, name: str) -> tuple[int, str] | None:
-    """``(offset, kind)`` when ``name`` is exactly ``<session_id>.<offset>.<kind>.<stamp>.quarantine``
-    (session ``a`` never reads session ``a.x``'s name as its own); None otherwise."""
-    if not name.startswith(session_id):
-        return None
-    match = _QUARANTINE_TAIL.fullmatch(name, len(session_id))
-    return (int(match.group(1)), match.group(2)) if match else None
 
 
 # --- scanning rows (pure) ----------------------------------------------------------------
