@@ -50,7 +50,6 @@ from sessionlog.durable import (
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
-    TruncatedView,
     header_event,
     valid_session_id,
 )
@@ -524,7 +523,7 @@ class FileStore:
             for record in scanner:
                 tracker.feed(record)
                 if record.type == LOG_TRUNCATED:
-                    q = record.view(TruncatedView).quarantine
+                    q = record.get("quarantine")
                     if isinstance(q, str):
                         named.add(q)
         except OSError as exc:

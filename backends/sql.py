@@ -95,7 +95,6 @@ from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
     RecordError,
-    TruncatedView,
     header_event,
     valid_session_id,
 )
@@ -751,7 +750,7 @@ class SqlStore:
                 for record in rows:
                     tracker.feed(record)
                     if record.type == LOG_TRUNCATED:
-                        q = record.view(TruncatedView).quarantine
+                        q = record.get("quarantine")
                         if isinstance(q, str):
                             named.add(q)
             finally:

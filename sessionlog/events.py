@@ -114,23 +114,27 @@ def decode_envelope(line: bytes) -> tuple[int, float, str]:
     integer, ``ts`` a finite number, ``type`` a non-empty string, nesting at most
     ``MAX_DEPTH`` deep. Raises :class:`RecordError` otherwise.
     """
+    record = Record.from_line(line)
+    return record.seq, record.ts, record.type
+
+
+def _decode_members(line: bytes) -> tuple[_Envelope, dict[str, msgspec.Raw]]:
+    """The envelope and the top-level members (raw, undecoded) of a record line."""
     if not line.isascii():
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
-    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
-        raise RecordError(f"nested deeper than {MAX_DEPTH}")
     try:
         envelope = _envelope_decoder.decode(line)
-        fields = _fields_decoder.decode(line)
+        members = _fields_decoder.decode(line)
     except msgspec.ValidationError as exc:
         raise RecordError(f"bad envelope: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise RecordError(f"not a JSON object: {exc}") from None
     # Re-encoding the members gives the line back exactly when the line is compact with
     # unique keys; anything else (spaces, escapes, a repeated key) takes the exact path.
-    if len(_encoder.encode(fields)) != len(line):
+    if len(_encoder.encode(members)) != len(line):
         import json
 
         try:
@@ -139,34 +143,81 @@ def decode_envelope(line: bytes) -> tuple[int, float, str]:
             raise
         except ValueError as exc:  # pragma: no cover - msgspec accepted it
             raise RecordError(f"not a JSON object: {exc}") from None
+    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
+        raise RecordError(f"nested deeper than {MAX_DEPTH}")
     if not envelope.type:
         raise RecordError("type is empty")
     if not math.isfinite(envelope.ts):  # pragma: no cover - JSON has no inf/nan
         raise RecordError("ts is not a finite number")
-    return envelope.seq, envelope.ts, envelope.type
+    return envelope, members
+
+
+_members_list_decoder = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+_envelope_list_decoder = msgspec.json.Decoder(list[_Envelope])
+# Every byte but "{", "[" and newline: deleting them leaves each line's bracket count.
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{[\n")
+
+
+def decode_region(region: bytes, first_seq: int) -> list[Record] | None:
+    """All the records of ``region`` (whole lines, each ending in a newline) when every
+    line is a compact record and their seqs run on from ``first_seq``; None when any line
+    needs the exact, line-by-line path (which then finds and explains it).
+
+    The fast path of a scan: the region is decoded in two calls, and re-encoding the
+    members must give back the region byte for byte, which proves each line is one
+    JSON object with unique keys, aligned with its element."""
+    if not region.isascii():
+        try:
+            region.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    joined = b"[" + region[:-1].replace(b"\n", b",") + b"]"
+    try:
+        members = _members_list_decoder.decode(joined)
+        envelopes = _envelope_list_decoder.decode(joined)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if _encoder.encode_lines(members) != region:
+        return None
+    brackets = region.translate(None, _NOT_BRACKETS)
+    if len(brackets) > MAX_DEPTH + len(members) and max(map(len, brackets.split(b"\n"))) > MAX_DEPTH:
+        return None
+    seq = first_seq
+    for envelope in envelopes:
+        if envelope.seq != seq or not envelope.type:
+            return None
+        seq += 1
+    lines = region.split(b"\n")
+    lines.pop()
+    return [
+        Record(line, e.seq, e.ts, e.type, m) for line, e, m in zip(lines, envelopes, members, strict=True)
+    ]
 
 
 class Record(Mapping[str, Any]):
     """One committed record: a read-only mapping over its exact bytes.
 
     ``raw`` is the record's line without the trailing newline. The envelope is
-    available as attributes; the other members are decoded on first access.
+    available as attributes; a member is decoded when it is looked up (``r["call_id"]``
+    decodes just that member), the whole record only when it is iterated or copied.
     """
 
-    __slots__ = ("raw", "seq", "ts", "type", "_fields")
+    __slots__ = ("raw", "seq", "ts", "type", "_members", "_fields")
 
-    def __init__(self, raw: bytes, seq: int, ts: float, type: str) -> None:
+    def __init__(self, raw: bytes, seq: int, ts: float, type: str,
+                 members: dict[str, msgspec.Raw] | None = None) -> None:
         self.raw = raw
         self.seq = seq
         self.ts = ts
         self.type = type
+        self._members = members
         self._fields: dict[str, Any] | None = None
 
     @classmethod
     def from_line(cls, line: bytes) -> Record:
         """Decode ``line`` (no newline); raises :class:`RecordError` if it is not a record."""
-        seq, ts, type_ = decode_envelope(line)
-        return cls(line, seq, ts, type_)
+        envelope, members = _decode_members(line)
+        return cls(line, envelope.seq, envelope.ts, envelope.type, members)
 
     def _decoded(self) -> dict[str, Any]:
         if self._fields is None:
@@ -174,7 +225,20 @@ class Record(Mapping[str, Any]):
         return self._fields
 
     def __getitem__(self, key: str) -> Any:
+        if self._fields is None and self._members is not None:
+            return _value_decoder.decode(self._members[key])
         return self._decoded()[key]
+
+    def __contains__(self, key: object) -> bool:
+        if self._fields is None and self._members is not None:
+            return key in self._members
+        return key in self._decoded()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if self._fields is None and self._members is not None:
+            raw = self._members.get(key)
+            return default if raw is None else _value_decoder.decode(raw)
+        return self._decoded().get(key, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._decoded())

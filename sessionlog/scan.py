@@ -19,7 +19,7 @@ from .contract import (
     UnsupportedFormat,
     classify_damage,
 )
-from .events import FORMAT, SESSION_START, Record, RecordError, encode_records
+from .events import FORMAT, SESSION_START, Record, RecordError, decode_region, encode_records
 
 CHUNK = 1 << 20
 
@@ -125,7 +125,23 @@ class LineScan:
         expected = self.expected_seq
         header_needed = self.session_id is not None and self.start == 0
         from_line = Record.from_line
+        exact_until = 0  # lines before this offset of buf take the exact, line-by-line path
         while True:
+            if not header_needed and i >= exact_until:
+                end = buf.rfind(b"\n", i) + 1
+                if end > i:
+                    records = decode_region(buf[i:end], expected)
+                    if records is not None and max(len(r.raw) for r in records) <= limit:
+                        for record in records:
+                            i += len(record.raw) + 1
+                            expected += 1
+                            self.stable_offset = base + i
+                            self.last_seq = record.seq
+                            self.last_ts = record.ts
+                            self.count += 1
+                            yield record
+                        continue
+                    exact_until = end
             nl = buf.find(b"\n", i)
             if nl < 0:
                 if len(buf) - i > limit:
@@ -141,6 +157,7 @@ class LineScan:
                     return
                 buf = buf[i:] + chunk
                 base += i
+                exact_until = max(0, exact_until - i)
                 i = 0
                 continue
             if nl - i > limit:
@@ -237,6 +254,7 @@ class _TailCount:
                 self.end += len(chunk)
                 buf = buf[i:] + chunk
                 base += i
+                exact_until = max(0, exact_until - i)
                 i = 0
                 continue
             if not skipping:

@@ -25,10 +25,7 @@ from .events import (
     TURN_START,
     USER_MESSAGE,
     Record,
-    StepView,
-    TurnView,
     requested_calls,
-    view,
 )
 
 _TRACKED = frozenset(
@@ -61,8 +58,8 @@ class PendingCalls:
     def feed(self, record: Mapping[str, Any]) -> None:
         """Account for one committed record (a :class:`~sessionlog.events.Record` or a dict).
 
-        Only the members the transcript needs are decoded (typed views): a tool result's
-        output is never materialized."""
+        Only the members the transcript needs are decoded (a Record decodes a member on
+        lookup): a tool result's output is never materialized."""
         if isinstance(record, Record):
             type_, seq, ts = record.type, record.seq, record.ts
         else:
@@ -72,33 +69,39 @@ class PendingCalls:
         if type_ not in _TRACKED:
             return
         if type_ in (TURN_START, TURN_END):
-            turn = view(record, TurnView).turn
-            self.open_turn = turn if type_ == TURN_START else None
+            self.open_turn = record.get("turn") if type_ == TURN_START else None
             self.open_step = None
             self._reset_calls()
-            return
-        v = view(record, StepView)
-        if type_ == TOOL_RESULT:
-            call = self._by_id.get(v.call_id) if isinstance(v.call_id, str) else None
+        elif type_ == TOOL_RESULT:
+            if not self._by_id:
+                return  # no open call to answer: leave the record undecoded
+            call_id = record.get("call_id")
+            call = self._by_id.get(call_id) if isinstance(call_id, str) else None
             if call is not None:
                 call.answered = True
         elif type_ == TOOL_CALL:
-            call = self._by_id.get(v.call_id) if isinstance(v.call_id, str) else None
+            if not self._by_id:
+                return
+            call_id = record.get("call_id")
+            call = self._by_id.get(call_id) if isinstance(call_id, str) else None
             if call is not None and call.call_seq is None:
                 call.call_seq = seq
         elif type_ == ASSISTANT_MESSAGE:
-            self.step_turn = v.turn if v.turn is not None else self.open_turn
-            if self.open_step is None and isinstance(v.step, int):
-                self.open_step = v.step
+            turn = record.get("turn")
+            self.step_turn = turn if turn is not None else self.open_turn
+            step = record.get("step")
+            if self.open_step is None and isinstance(step, int):
+                self.open_step = step
             self._reset_calls()
-            for req in requested_calls(v.tool_calls):
+            for req in requested_calls(record.get("tool_calls")):
                 if req.id not in self._by_id:
                     call = PendingCall(req.id, req.name)
                     self.calls.append(call)
                     self._by_id[req.id] = call
         elif type_ == STEP_START:
-            self.open_step = v.step
-            self.step_turn = v.turn if v.turn is not None else self.open_turn
+            self.open_step = record.get("step")
+            turn = record.get("turn")
+            self.step_turn = turn if turn is not None else self.open_turn
             self._reset_calls()
         elif type_ == STEP_END:
             self.open_step = None
@@ -347,7 +350,7 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
             settle(closing=True)
             open_ex, open_by_id = None, {}
         if type_ == TOOL_RESULT:
-            call_id = view(record, StepView).call_id
+            call_id = record.get("call_id")
             pending = tracker._by_id.get(call_id) if isinstance(call_id, str) else None
             if pending is not None:
                 if pending.answered:
@@ -375,9 +378,8 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
         if type_ == USER_MESSAGE:
             entries.append(UserEntry(seq, record.get("turn"), record.get("content")))
         elif type_ == ASSISTANT_MESSAGE:
-            v = view(record, StepView)
             calls: list[PairedCall] = []
-            for req in requested_calls(v.tool_calls):
+            for req in requested_calls(record.get("tool_calls")):
                 if req.id in open_by_id:
                     issues.append(f"assistant message seq {seq} asks for call id {req.id!r} twice; "
                                   "the repeat is left out")
@@ -386,8 +388,9 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
                 open_by_id[req.id] = paired
                 latest_by_id[req.id] = paired
                 calls.append(paired)
-            turn = v.turn if v.turn is not None else tracker.open_turn
-            open_ex = Exchange(seq, turn, v.step, record.get("content"), calls)
+            turn = record.get("turn")
+            turn = turn if turn is not None else tracker.open_turn
+            open_ex = Exchange(seq, turn, record.get("step"), record.get("content"), calls)
             entries.append(open_ex)
     if open_ex is not None:
         settle(closing=False)

@@ -1,0 +1,79 @@
+"""The prefix scanner's decode rules, on both of its paths (whole regions and single lines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sessionlog import CorruptLog, DamageKind, Limits
+from sessionlog.events import Record, RecordError, decode_region
+from sessionlog.scan import scan_bytes
+
+
+def log(n: int = 400) -> list[bytes]:
+    lines = [b'{"seq":1,"ts":1.5,"type":"session/start","session":"s","format":"sessionlog/1"}']
+    for seq in range(2, n + 1):
+        lines.append(json.dumps({"seq": seq, "ts": 2.0, "type": "tool/result", "call_id": f"c{seq}",
+                                 "output": "x" * (seq % 50), "nested": {"a": [1, {"b": None}]}},
+                                separators=(",", ":")).encode())
+    return lines
+
+
+def deep(depth: int) -> bytes:
+    return b'{"seq":SEQ,"ts":1,"type":"x","v":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+@pytest.mark.parametrize(
+    ("replacement", "kept"),
+    [
+        (b'{"seq":SEQ, "ts": 2.0, "type": "spaced"}', True),  # not compact, still a record
+        (b'{"seq":SEQ,"ts":2.0,"type":"t\\u00e9"}', True),  # an escape: still a record
+        ('{"seq":SEQ,"ts":2.0,"type":"é"}'.encode(), True),  # UTF-8
+        (b'{"seq":SEQ,"ts":2.0,"type":"x","k":1,"k":2}', False),  # a repeated key
+        (b'{"seq":SEQ,"seq":SEQ,"ts":2.0,"type":"x"}', False),
+        (deep(128), True),
+        (deep(129), False),
+        (b'{"seq":SEQ,"ts":2.0,"type":""}', False),
+        (b'{"seq":SEQ,"ts":2.0,"type":"a"},{"seq":SEQ,"ts":1,"type":"b"}', False),  # two objects
+        (b'{"seq":SEQ,"ts":2.0,"type":"x","s":"\xff"}', False),  # not UTF-8
+        (b'{"seq":SEQ,"ts":"2","type":"x"}', False),
+        (b"", False),
+    ],
+)
+def test_a_line_in_the_middle_of_a_region(replacement, kept):
+    lines = log()
+    at = 250
+    lines[at] = replacement.replace(b"SEQ", str(at + 1).encode())
+    data = b"\n".join(lines) + b"\n"
+    records, stable, damage = scan_bytes(data, session_id="s")
+    if kept:
+        assert damage is None and len(records) == len(lines)
+        assert records[at].raw == lines[at]
+    else:
+        assert len(records) == at
+        assert damage.kind is DamageKind.MID_LOG
+        assert damage.offset == sum(len(x) + 1 for x in lines[:at])
+    # the fast path and the line-by-line rules agree on every line
+    for line in lines[1:]:
+        try:
+            Record.from_line(line)
+            single = True
+        except RecordError:
+            single = False
+        region = decode_region(line + b"\n", json.loads(line)["seq"] if single else 0)
+        assert (region is not None) <= single
+
+
+def test_regions_and_lines_agree_on_seq_breaks():
+    lines = log()
+    lines[300] = lines[299]
+    records, _, damage = scan_bytes(b"\n".join(lines) + b"\n", session_id="s")
+    assert len(records) == 300 and damage.kind is DamageKind.SEQ_BREAK
+
+
+def test_a_record_over_the_limit_in_the_prefix_is_an_error():
+    lines = log(50)
+    lines[20] = lines[20][:-1] + b',"pad":"' + b"p" * 3000 + b'"}'
+    with pytest.raises(CorruptLog):
+        scan_bytes(b"\n".join(lines) + b"\n", session_id="s", limits=Limits(record_limit=2048))
