@@ -317,8 +317,11 @@ async def dispatch_tools(
     for (their results recorded), then the first failure is raised — so the scope's
     recovery never races a running dispatch. On cancellation the started bodies are
     cancelled and waited for, then the cancellation propagates."""
-    todo = requested_calls([dict(c) if isinstance(c, Mapping) else
-                            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls])
+    requested = requested_calls([dict(c) if isinstance(c, Mapping) else
+                                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls])
+    # A call id repeated in one message is one call (as the tracker and the views count it):
+    # its body runs once.
+    todo = list({call.id: call for call in reversed(requested)}.values())[::-1]
     turn = scope.tracker.step_turn if scope.tracker.step_turn is not None else scope.tracker.open_turn
     step = scope.tracker.open_step
     slots = asyncio.Semaphore(concurrency)

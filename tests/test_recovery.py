@@ -354,3 +354,25 @@ def test_a_second_cancellation_does_not_interrupt_recovery(store: sessionlog.Eve
     assert tail(store)[-4:] == [("tool/result", "a", TOOL_NOT_STARTED), ("tool/result", "b", TOOL_NOT_STARTED),
                                 ("step/end", "aborted", None), ("turn/end", "aborted", None)]
     assert_clean_after(store)
+
+
+def test_a_call_id_repeated_in_one_message_runs_once(store: sessionlog.EventStore) -> None:
+    store.create("r", [{"type": "turn/start", "turn": "t"}, {"type": "step/start", "turn": "t", "step": 1}])
+    runs: list[Any] = []
+
+    async def tool(arguments: Any) -> ToolOutcome:
+        runs.append(arguments)
+        return ToolOutcome("ok")
+
+    calls = [{"id": "a", "name": "t", "arguments": {"i": 1}}, {"id": "a", "name": "t", "arguments": {"i": 2}},
+             {"id": "b", "name": "t", "arguments": {}}]
+
+    async def main() -> None:
+        with store.session("r") as handle:
+            scope = StepScope(handle, turn="t", step=1)
+            scope.append([{"type": "assistant/message", "turn": "t", "step": 1, "content": None, "tool_calls": calls}])
+            await dispatch_tools(scope, calls, {"t": tool})
+
+    asyncio.run(main())
+    assert runs == [{"i": 1}, {}]
+    assert [r["call_id"] for r in store.read("r") if r["type"] == "tool/call"] == ["a", "b"]
