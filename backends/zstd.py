@@ -25,6 +25,7 @@ from typing import Any
 
 import zstandard
 
+from sessionlog import InvalidStoreUrl
 from sessionlog.contract import (
     CorruptLog,
     DamageKind,
@@ -91,8 +92,6 @@ class ZstdFraming:
 
     def __init__(self, level: int = DEFAULT_LEVEL, limits: Limits = DEFAULT_LIMITS) -> None:
         if not isinstance(level, int) or not -(1 << 17) <= level <= 22:
-            from sessionlog import InvalidStoreUrl
-
             raise InvalidStoreUrl(f"zstd level {level!r} is not an integer in -131072..22")
         self.level = level
         self.limits = limits
@@ -116,28 +115,35 @@ class ZstdFraming:
     def tail(
         self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits
     ) -> tuple[int, float]:
-        """Validate the header frame and the last frame (which must end exactly at
-        ``size``); return the last record's ``(seq, ts)``. Raises CorruptLog."""
+        """Validate the header frame and one append's reach before EOF; return the last
+        record's ``(seq, ts)``.
+
+        One append's reach is the last ``batch_limit`` bytes: a NUL run there, followed by
+        frames, is ``zero-fill`` to a scan, which a plain repair truncates, so an append
+        must never land after one. From a frame start at or before the reach (the last
+        one there that verifies) to ``size``, frame headers are walked (no decompression):
+        whole frames, no NUL run or garbage, ending exactly at ``size``. The last two data
+        frames are decompressed: each passes its checksum and holds whole records with
+        contiguous seqs, and the last follows the one before (a repeated or missing last
+        batch). Seq or checksum damage further back is left to ``scan``: with an append
+        after it, it is ``seq-break`` or ``mid-log``, never cut without ``force``. Reads
+        the header frame and about one append's reach; headers further back only when
+        no frame start before the reach verifies.
+
+        Raises CorruptLog with ``path``, ``offset`` and ``kind`` the damage as seen from
+        the tail (``torn``, ``zero-fill``, ``corrupt``, ``seq-break``; None when the
+        header frame itself is over the limits)."""
         flimits = FrameLimits.from_limits(limits)
         src = _PreadSource(fs, fd, size)
-        pos = 0
-        first: Shape | None = None
-        while first is None:
-            if pos >= size:
-                raise CorruptLog(f"{where}: not a session log: no data frame", path=where, offset=pos)
-            shape = _whole(walk_frame(src.get, pos, flimits), where)
-            if not shape.skippable:
-                first = shape
-            pos = shape.end
-        header = _verified(src, first, None, where, limits, flimits)
+        first = _header_frame(src, size, where, flimits)
+        header = _verified(src.get, first, None, where, limits, flimits)
         check_header(header[0], session_id, where)
-        last = _last_frame_backward(src, size, first.end, where, limits, flimits)
-        if last is None:
-            last = _last_frame_forward(src, size, first, where, limits, flimits)
-        records = header if last is None else last
-        return records[-1].seq, records[-1].ts
-
-
+        reach = size - limits.batch_limit
+        start, before = first.end, header[-1]
+        if reach > first.end:
+            start, before = _boundary_before(src, reach, first.end, where, limits, flimits), None
+        last = _check_frames(src, start, size, before, where, limits, flimits)
+        return last.seq, last.ts
 
 
 class _PreadSource:
@@ -159,67 +165,115 @@ class _PreadSource:
         return self._buf[i : i + n]
 
 
-def _whole(shape: Shape | Broken, where: str) -> Shape:
-    if isinstance(shape, Broken):
-        kind = DamageKind.TORN if shape.torn else DamageKind.CORRUPT
-        raise CorruptLog(
-            f"{where}: frame at offset {shape.start}: {shape.reason}; repair the session before appending",
-            path=where, offset=shape.start, kind=None if shape.over_limit else str(kind),
-        )
-    return shape
+def _refused(where: str, offset: int, kind: DamageKind | None, reason: str) -> CorruptLog:
+    return CorruptLog(
+        f"{where}: {kind or 'frame'} at offset {offset}: {reason}; repair the session before appending",
+        path=where, offset=offset, kind=None if kind is None else str(kind),
+    )
 
 
-def _verified(src: _PreadSource, shape: Shape, expected_seq: int | None, where: str, limits: Limits,
+def _whole(src: _PreadSource, shape: Shape | Broken, where: str) -> Shape:
+    """``shape`` when it is a whole frame, else the refusal naming what is there."""
+    if isinstance(shape, Shape):
+        return shape
+    if shape.torn:
+        kind = DamageKind.TORN
+    elif src.get(shape.start, 1) == b"\0":
+        kind = DamageKind.ZERO_FILL
+    else:
+        kind = DamageKind.CORRUPT  # over the limits too: after the header frame that is damage
+    reason = "NUL bytes where a frame should start" if kind is DamageKind.ZERO_FILL else shape.reason
+    raise _refused(where, shape.start, kind, reason)
+
+
+def _header_frame(src: _PreadSource, size: int, where: str, flimits: FrameLimits) -> Shape:
+    """The first data frame (skippable frames before it are skipped)."""
+    pos = 0
+    while True:
+        if pos >= size:
+            raise CorruptLog(f"{where}: not a session log: no data frame", path=where, offset=pos)
+        shape = walk_frame(src.get, pos, flimits)
+        if isinstance(shape, Broken):
+            kind = None if shape.over_limit else DamageKind.TORN if shape.torn else DamageKind.CORRUPT
+            raise _refused(where, pos, kind, shape.reason)
+        if not shape.skippable:
+            return shape
+        pos = shape.end
+
+
+def _verified(get: Callable[[int, int], bytes], shape: Shape, expected_seq: int | None, where: str, limits: Limits,
               flimits: FrameLimits) -> list[Record]:
-    content = decompress_frame(src.get(shape.start, shape.end - shape.start), shape, flimits)
-    reason = content if isinstance(content, str) else None
-    records: list[Record] = []
-    if not isinstance(content, str):
-        records, _, reason = frame_records(content, expected_seq=expected_seq, where=where, offset=shape.start,
-                                           limits=limits)
+    """The records of a whole frame that decompresses, verifies and holds whole records
+    from ``expected_seq`` (any seq when None); else the refusal."""
+    content = decompress_frame(get(shape.start, shape.end - shape.start), shape, flimits)
+    if isinstance(content, str):
+        raise _refused(where, shape.start, DamageKind.CORRUPT, content)
+    records, damage, reason = frame_records(content, expected_seq=expected_seq, where=where, offset=shape.start,
+                                            limits=limits)
     if reason is not None:
-        raise CorruptLog(
-            f"{where}: frame at offset {shape.start}: {reason}; repair the session before appending",
-            path=where, offset=shape.start, kind=str(DamageKind.CORRUPT),
-        )
+        seq_break = damage is not None and damage.kind is DamageKind.SEQ_BREAK
+        raise _refused(where, shape.start, DamageKind.SEQ_BREAK if seq_break else DamageKind.CORRUPT, reason)
     return records
 
 
-def _last_frame_backward(src: _PreadSource, size: int, floor: int, where: str, limits: Limits,
-                         flimits: FrameLimits) -> list[Record] | None:
-    """The records of the data frame ending exactly at ``size``, found by trying frame
-    magics from the end (the common case: no full walk). None when not found this way."""
-    if size <= floor:
-        return None
+def _boundary_before(src: _PreadSource, reach: int, floor: int, where: str, limits: Limits,
+                     flimits: FrameLimits) -> int:
+    """A frame start at or before ``reach`` and after ``floor`` (the header frame's end).
+
+    The common case reads a little before the reach: the last frame magic at or before
+    ``reach`` whose frame verifies, looked for in a small window, then one frame limit
+    back (a whole log has a frame starting within one frame limit before any offset).
+    Otherwise the frame headers are walked from ``floor``, refusing the first damage."""
     for span in (TAIL_WINDOW, flimits.frame):
-        start = max(floor, size - span)
-        data = src.get(start, size - start)
+        lo = max(floor, reach - span)
+        data = src.get(lo, reach + len(ZSTD_MAGIC) - lo)
         i = len(data)
         while (i := data.rfind(ZSTD_MAGIC, 0, i)) >= 0:
-            shape = walk_frame(src.get, start + i, flimits)
-            if isinstance(shape, Shape) and not shape.skippable and shape.end == size:
-                content = decompress_frame(src.get(shape.start, size - shape.start), shape, flimits)
+            shape = walk_frame(src.get, lo + i, flimits)
+            if isinstance(shape, Shape) and not shape.skippable:
+                content = decompress_frame(src.get(shape.start, shape.end - shape.start), shape, flimits)
                 if not isinstance(content, str):
-                    records, _, reason = frame_records(content, expected_seq=None, where=where,
-                                                       offset=shape.start, limits=limits)
+                    _, _, reason = frame_records(content, expected_seq=None, where=where, offset=shape.start,
+                                                 limits=limits)
                     if reason is None:
-                        return records
-        if start == floor:
+                        return shape.start
+        if lo == floor:
             break
-    return None
-
-
-def _last_frame_forward(src: _PreadSource, size: int, first: Shape, where: str, limits: Limits,
-                        flimits: FrameLimits) -> list[Record] | None:
-    """Walk every frame header from the header frame to EOF: each must be whole; the last
-    data frame must verify. None when the header frame is the only data frame."""
-    pos, last = first.end, None
-    while pos < size:
-        shape = _whole(walk_frame(src.get, pos, flimits), where)
-        if not shape.skippable:
-            last = shape
+    pos = floor
+    while True:
+        shape = _whole(src, walk_frame(src.get, pos, flimits), where)
+        if shape.end > reach:
+            return pos
         pos = shape.end
-    return None if last is None else _verified(src, last, None, where, limits, flimits)
+
+
+def _check_frames(src: _PreadSource, pos: int, size: int, before: Record | None, where: str, limits: Limits,
+                  flimits: FrameLimits) -> Record:
+    """Walk ``pos``..``size`` by the frame headers (no decompression): whole frames, no
+    NUL run, ending exactly at ``size``. Then verify the last two data frames: each
+    decompresses, passes its checksum and holds whole contiguous records, and the last
+    one's first seq follows the one before (``before``: the last record before ``pos``,
+    when known). Returns the last record; refuses the first defect."""
+    data = src.get(pos, size - pos)  # one read for the whole span
+    base = pos
+
+    def get(at: int, n: int) -> bytes:
+        return data[at - base : at - base + n]
+
+    frames: list[Shape] = []
+    while pos < size:
+        shape = _whole(src, walk_frame(get, pos, flimits), where)
+        if not shape.skippable:
+            frames.append(shape)
+        pos = shape.end
+    # Frames before the last two are not decompressed: the seq before the last two is
+    # known only when nothing lies between them and ``before``.
+    last = before if len(frames) <= 2 else None
+    for shape in frames[-2:]:
+        last = _verified(get, shape, None if last is None else last.seq + 1, where, limits, flimits)[-1]
+    if last is None:  # only skippable frames from a boundary found by walking from the header frame
+        raise _refused(where, base, DamageKind.CORRUPT, "no data frame in one append's reach")
+    return last
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -451,8 +505,6 @@ def open_url(url: str, **options: object) -> ZstdStore:
     if directory.startswith("//"):
         directory = directory[2:]
     if not directory:
-        from sessionlog import InvalidStoreUrl
-
         raise InvalidStoreUrl(f"{url!r}: a zstd URL names a directory: zstd:DIR")
     if not os.path.isdir(directory) and options.get("create_dir") is False:
         raise SessionNotFound(f"{directory}: no such store directory")

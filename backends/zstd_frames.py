@@ -55,7 +55,7 @@ class FrameLimits:
         return cls(content=content, frame=frame, window=window)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per frame walked, and frozen init costs twice as much
 class Shape:
     """A structurally whole frame at ``start``..``end`` (absolute offsets)."""
 
@@ -86,14 +86,17 @@ def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) 
     """Find the end of the frame starting at ``pos`` from its headers alone.
 
     ``get(offset, n)`` returns up to ``n`` bytes at ``offset`` (fewer only at EOF)."""
-    head = get(pos, 4)
+    data = get(pos, 18)  # the magic and the longest frame header (descriptor, window, dictionary, size)
+    head = data[:4]
     if len(head) < 4:
         if ZSTD_MAGIC.startswith(head) or _skippable_prefix(head):
             return Broken(pos, "frame magic cut short by EOF", torn=True)
         return Broken(pos, "not a zstd frame")
-    magic = int.from_bytes(head, "little")
-    if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC:
-        size_field = get(pos + 4, 4)
+    if head != ZSTD_MAGIC:
+        magic = int.from_bytes(head, "little")
+        if magic & SKIPPABLE_MASK != SKIPPABLE_MAGIC:
+            return Broken(pos, "not a zstd frame (bad magic number)")
+        size_field = data[4:8]
         if len(size_field) < 4:
             return Broken(pos, "skippable frame header cut short by EOF", torn=True)
         size = int.from_bytes(size_field, "little")
@@ -104,9 +107,7 @@ def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) 
         if len(get(end - 1, 1)) < 1 and size:
             return Broken(pos, "skippable frame cut short by EOF", torn=True)
         return Shape(pos, end, skippable=True)
-    if head != ZSTD_MAGIC:
-        return Broken(pos, "not a zstd frame (bad magic number)")
-    header = get(pos + 4, 14)  # the longest frame header: descriptor, window, dictionary, size
+    header = data[4:]
     if not header:
         return Broken(pos, "frame header cut short by EOF", torn=True)
     fhd = header[0]
@@ -142,7 +143,7 @@ def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) 
     at = pos + 4 + header_len
     regenerated = 0
     while True:
-        bh = get(at, 3)
+        bh = data[at - pos : at - pos + 3] if at - pos + 3 <= len(data) else get(at, 3)
         if len(bh) < 3:  # also where a previous block's payload was cut short
             return Broken(pos, "block cut short by EOF", torn=True)
         word = bh[0] | bh[1] << 8 | bh[2] << 16
@@ -320,8 +321,10 @@ class FrameScan:
     ``corrupt`` — ``mid-log`` when verified frames with decodable records follow it; a
     NUL run at the stable offset is ``zero-fill`` when whatever decodes after it lies
     within ``batch_limit`` bytes, else ``mid-log``; a whole frame whose records decode
-    with the wrong seq is ``seq-break``. A frame over the limits at the stable offset is
-    an error (CorruptLog), like an over-long record in a JSONL log.
+    with the wrong seq is ``seq-break``. A frame declaring sizes over the limits is a bad
+    frame like any other (a flipped bit in a size field), read no further than its
+    headers; only the first frame over the limits is an error (CorruptLog): no reader
+    with these limits can take the file.
     """
 
     def __init__(
@@ -362,9 +365,12 @@ class FrameScan:
                 return
             shape = walk_frame(stream.get, pos, flimits)
             if isinstance(shape, Broken):
-                if shape.over_limit:
+                if shape.over_limit and self.count == 0:
+                    # No record yet: a reader with these limits cannot take this file at all.
                     raise CorruptLog(f"{self.where}: frame at offset {pos}: {shape.reason}",
                                      path=self.where, offset=pos)
+                # After the header frame, sizes over the limits are what one flipped bit in
+                # a size field looks like: damage like any bad frame (never buffered).
                 self._fail(pos, "torn" if shape.torn else "bad", shape.reason)
                 return
             if shape.skippable:

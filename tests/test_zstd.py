@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import sessionlog
 from sessionlog import AppendFailed, CorruptLog, DamageKind, InvalidStoreUrl, Limits
-from sessionlog.backends.zstd import compress_frame, open_zstd
-from sessionlog.backends.zstd_frames import FrameScan
+from sessionlog.backends.zstd import TAIL_WINDOW, compress_frame, open_zstd
+from sessionlog.backends.zstd_frames import FrameLimits, FrameScan
 from sessionlog.convert import convert
 from sessionlog.durable import FileSystem
 from sessions import answered_exactly_once, batches, crashed_sessions
@@ -29,6 +29,10 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
                                            HealthCheck.function_scoped_fixture])
 ZSTD_CLI = shutil.which("zstd")
 SKIPPABLE = (0x184D2A5A).to_bytes(4, "little")
+HUGE_WINDOW = b"\x28\xb5\x2f\xfd" + bytes([0x04, 31 << 3]) + b"\x01\x00\x00" + b"\0" * 4
+"""A frame header declaring a 2 TiB window (no single segment, checksum flag) and one
+empty last raw block."""
+SMALL = Limits(record_limit=1000, batch_limit=1000)
 
 TURN = [
     {"type": "turn/start", "turn": "t1"},
@@ -340,20 +344,23 @@ def test_a_skippable_frame_cut_short_is_torn(log):
 # --- limits against hostile files -------------------------------------------------
 
 
-def test_a_frame_declaring_content_over_the_limit_is_an_error(tmp_path):
+def test_a_frame_declaring_content_over_the_limit_is_corrupt(tmp_path):
+    """After the header frame a frame over the limits is damage (a flipped size field
+    looks just like it), never buffered past the limit."""
     log = make_log(str(tmp_path), [])
     limits = Limits(record_limit=1000, batch_limit=1000)
     big = compress_frame(b'{"seq":2,"ts":1,"type":"x","pad":"' + b"a" * 5000 + b'"}\n', 3)
-    with pytest.raises(CorruptLog, match="exceeds the frame limit"):
-        scan(log + big, limits=limits)
+    kept, scanner = scan(log + big, limits=limits)
+    assert len(kept) == 1 and scanner.stable_offset == len(log)
+    assert scanner.damage.kind is DamageKind.CORRUPT
+    assert "exceeds the frame limit" in scanner.damage.reason
 
 
-def test_a_frame_declaring_a_huge_window_is_an_error(tmp_path):
+def test_a_frame_declaring_a_huge_window_is_corrupt(tmp_path):
     log = make_log(str(tmp_path), [])
-    # Frame header: no single segment, window descriptor exponent 31 (2 TiB), checksum.
-    hostile = b"\x28\xb5\x2f\xfd" + bytes([0x04, 31 << 3]) + b"\x01\x00\x00" + b"\0" * 4
-    with pytest.raises(CorruptLog, match="window limit"):
-        scan(log + hostile)
+    kept, scanner = scan(log + HUGE_WINDOW)
+    assert len(kept) == 1 and scanner.damage.kind is DamageKind.CORRUPT
+    assert "window limit" in scanner.damage.reason
 
 
 def test_a_decompression_bomb_without_content_size_is_bounded(tmp_path):
@@ -475,6 +482,309 @@ def test_repair_then_rescan_is_clean_and_idempotent(data, tmp_path_factory):
     repaired = path.read_bytes()
     assert store.repair("s").status == "clean"
     assert path.read_bytes() == repaired
+
+
+# --- opening for append validates one append's reach -----------------------------
+
+
+def session_dir(tmp_path, data: bytes, name: str = "store") -> tuple[str, object]:
+    """A store directory holding ``data`` as session ``s``."""
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    path = d / "s.jsonl.zst"
+    path.write_bytes(data)
+    return str(d), path
+
+
+def test_append_after_a_duplicated_last_frame_is_refused(log, tmp_path):
+    """The last frame written twice: scan reports a seq-break (needs force); an append
+    must not be acknowledged after it, where read() would never return it."""
+    frames = split_frames(log)
+    d, path = session_dir(tmp_path, log + frames[-1])
+    store = open_zstd(d)
+    assert store.scan("s").damage.kind is DamageKind.SEQ_BREAK
+    before = path.read_bytes()
+    with pytest.raises(CorruptLog) as err:
+        store.append("s", [{"type": "x"}])
+    assert err.value.kind == "seq-break" and err.value.offset == len(log)
+    assert str(len(log)) in str(err.value) and str(path) in str(err.value)
+    assert path.read_bytes() == before
+
+
+def test_append_after_a_gap_between_the_last_two_frames_is_refused(log, tmp_path):
+    """A frame missing before the last one: the last two frames' seqs do not join."""
+    frames = split_frames(log)
+    d, _ = session_dir(tmp_path, b"".join(frames[:-2]) + frames[-1])
+    store = open_zstd(d)
+    assert store.scan("s").damage.kind is DamageKind.SEQ_BREAK
+    with pytest.raises(CorruptLog) as err:
+        store.append("s", [{"type": "x"}])
+    assert err.value.kind == "seq-break"
+    assert err.value.offset == sum(map(len, frames[:-2]))
+
+
+def test_seq_damage_before_the_last_two_frames_is_left_to_scan(log, tmp_path):
+    """What opening does not decompress: frames before the last two. A repeated frame
+    there lets an append land; scan reports the seq-break, which needs force, so a plain
+    repair never cuts the acknowledged record."""
+    frames = split_frames(log)
+    bad = b"".join(frames[:-2]) + frames[-3] + b"".join(frames[-2:])
+    d, path = session_dir(tmp_path, bad)
+    store = open_zstd(d)
+    store.append("s", [{"type": "probe"}])
+    assert store.scan("s").damage.kind is DamageKind.SEQ_BREAK
+    after = path.read_bytes()
+    assert store.repair("s").status == "refused"
+    assert path.read_bytes() == after
+
+
+def test_append_after_a_zero_filled_hole_is_refused_until_repaired(log, tmp_path):
+    """A NUL hole then one whole frame within one append's reach is zero-fill, which a
+    plain repair truncates: an append acknowledged there would be cut by that repair."""
+    frames = split_frames(log)
+    body = b"".join(frames[:-1])
+    d, path = session_dir(tmp_path, body + b"\0" * 4096 + frames[-1])
+    store = open_zstd(d)
+    assert store.scan("s").damage.kind is DamageKind.ZERO_FILL
+    with pytest.raises(CorruptLog) as err:
+        store.append("s", [{"type": "acknowledged?"}])
+    assert path.read_bytes() == body + b"\0" * 4096 + frames[-1]
+    assert err.value.kind == "zero-fill" and err.value.offset == len(body)
+    assert store.repair("s").status == "repaired"
+    seq = store.append("s", [{"type": "after-repair"}])
+    assert store.repair("s").status == "clean"
+    assert [r.seq for r in store.read("s")][-1] == seq
+
+
+def test_append_after_a_bad_frame_followed_by_a_good_one_is_refused(log, tmp_path):
+    """A frame that fails its checksum before a whole last frame: mid-log (needs force)."""
+    frames = split_frames(log)
+    bad = bytearray(frames[-2])
+    bad[-1] ^= 0xFF  # the content checksum
+    d, path = session_dir(tmp_path, b"".join(frames[:-2]) + bytes(bad) + frames[-1])
+    store = open_zstd(d)
+    assert store.scan("s").damage.kind is DamageKind.MID_LOG
+    with pytest.raises(CorruptLog) as err:
+        store.append("s", [{"type": "x"}])
+    assert path.read_bytes() == b"".join(frames[:-2]) + bytes(bad) + frames[-1]
+    assert err.value.kind == "corrupt" and err.value.offset == sum(map(len, frames[:-2]))
+
+
+def mutations() -> st.SearchStrategy:
+    return st.one_of(
+        st.tuples(st.just("duplicate"), st.integers(1, 1 << 20)),
+        st.tuples(st.just("drop"), st.integers(1, 1 << 20)),
+        st.tuples(st.just("swap"), st.integers(1, 1 << 20)),
+        st.tuples(st.just("nuls"), st.integers(1, 1 << 20), st.integers(1, 3000)),
+        st.tuples(st.just("flip"), st.integers(0, 1 << 30), st.integers(1, 255)),
+        st.tuples(st.just("cut"), st.integers(0, 1 << 30)),
+        st.tuples(st.just("none")),
+    )
+
+
+def mutate(frames: list[bytes], how: tuple) -> bytes:
+    """The log with its frames after the header frame changed by ``how``."""
+    head, rest = frames[:1], list(frames[1:])
+    what = how[0]
+    if what == "none" or not rest:
+        return b"".join(frames)
+    i = how[1] % len(rest)
+    if what == "duplicate":
+        rest.insert(i, rest[i])
+    elif what == "drop":
+        del rest[i]
+    elif what == "swap":
+        j = (i + 1) % len(rest)
+        rest[i], rest[j] = rest[j], rest[i]
+    elif what == "nuls":
+        rest[i] = b"\0" * how[2] + rest[i]
+    body = b"".join(rest)
+    if what == "flip":
+        at = how[1] % len(body)
+        body = body[:at] + bytes([body[at] ^ how[2]]) + body[at + 1:]
+    elif what == "cut":
+        body = body[: how[1] % (len(body) + 1)]
+    return b"".join(head) + body
+
+
+@SETTINGS
+@given(data=st.data())
+def test_an_acknowledged_append_is_never_cut_by_a_plain_repair(data, tmp_path_factory):
+    """Any damage after the header frame (a repeated, dropped or swapped frame, NULs, a
+    flipped byte, a cut): opening for append refuses only what scan reports as damage,
+    and when it acknowledges an append the record is either read back, or behind damage
+    that needs force — never behind damage a plain repair would truncate it with."""
+    d = tmp_path_factory.mktemp("s")
+    events = data.draw(crashed_sessions())
+    log = make_log(str(d), data.draw(batches(events)))
+    bad = mutate(split_frames(log), data.draw(mutations()))
+    path = d / "s.jsonl.zst"
+    path.write_bytes(bad)
+    store = open_zstd(str(d))
+    damage = store.scan("s").damage
+    try:
+        seq = store.append("s", [{"type": "probe"}])
+    except CorruptLog as exc:
+        assert damage is not None, exc
+        assert path.read_bytes() == bad
+        assert exc.offset is not None and exc.offset <= len(bad)
+        return
+    if damage is None:
+        assert [r.seq for r in store.read("s")][-1] == seq
+        return
+    assert damage.kind.needs_force, damage
+    after = path.read_bytes()
+    assert store.repair("s").status == "refused"
+    assert path.read_bytes() == after
+
+
+class CountingReads(FileSystem):
+    def __init__(self) -> None:
+        self.bytes_read = 0
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        data = super().pread(fd, n, offset)
+        self.bytes_read += len(data)
+        return data
+
+
+def test_opening_a_large_log_reads_only_one_appends_reach(tmp_path):
+    """The tail check reads the header frame and about one append's reach from the
+    end, whatever the log's size."""
+    limits = Limits(record_limit=4096, batch_limit=16 << 10)
+    d = str(tmp_path / "store")
+    store = open_zstd(d, limits=limits)
+    store.create("s")
+    rnd = __import__("random").Random(7)
+    for i in range(600):
+        store.append("s", [{"type": "tool/result", "i": i, "output": f"{rnd.getrandbits(4800):x}"}])
+    size = os.path.getsize(os.path.join(d, "s.jsonl.zst"))
+    assert size > 16 * limits.batch_limit
+    fs = CountingReads()
+    counted = open_zstd(d, limits=limits, fs=fs)
+    with counted.session("s") as handle:
+        opened = fs.bytes_read
+        handle.append([{"type": "x"}])
+    # The header frame's read-ahead, the window where a frame start before the reach is
+    # looked for, and the reach itself (at most one frame more than the batch limit).
+    bound = 2 * TAIL_WINDOW + limits.batch_limit + FrameLimits.from_limits(limits).frame
+    assert opened <= bound < size // 2, (opened, bound, size)
+
+
+def test_damage_beyond_one_appends_reach_is_left_to_scan(tmp_path):
+    """What opening does not look at: a NUL hole more than one append's reach before the
+    end. The append lands, and scan then reports the hole as mid-log (needs force): a
+    plain repair never cuts the acknowledged record."""
+    limits = Limits(record_limit=1024, batch_limit=2048)
+    d = str(tmp_path / "store")
+    log = make_log(d, [[{"type": "e", "i": i, "pad": f"{i * 7919:x}" * 20}] for i in range(400)], limits=limits)
+    frames = split_frames(log)
+    assert len(log) - len(frames[0]) > 3 * limits.batch_limit + 2 * FrameLimits.from_limits(limits).frame
+    bad = frames[0] + b"\0" * 600 + b"".join(frames[1:])
+    path = tmp_path / "store" / "s.jsonl.zst"
+    path.write_bytes(bad)
+    store = open_zstd(d, limits=limits)
+    assert store.append("s", [{"type": "probe"}]) == 402
+    assert b'"type":"probe"}\n' in frame_content(path.read_bytes()[len(bad):])
+    assert store.scan("s").damage.kind is DamageKind.MID_LOG
+    assert store.repair("s").status == "refused"
+    assert path.read_bytes()[: len(bad)] == bad
+
+
+# --- a damaged size field is damage, not an error ----------------------------------
+
+
+def fcs_field(frame: bytes) -> tuple[int, int]:
+    """(offset, length) of a zstd frame's content-size field."""
+    fhd = frame[4]
+    single, did_len = fhd & 0x20, (0, 1, 2, 4)[fhd & 3]
+    fcs_len = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    return 5 + (0 if single else 1) + did_len, fcs_len
+
+
+def test_a_flipped_content_size_bit_in_the_last_frame_is_repairable(tmp_path):
+    """Every single-bit flip of the last frame's content-size field: scan reports corrupt
+    (never an error), repair truncates the frame, and the session is clean again."""
+    d = str(tmp_path / "store")
+    log = make_log(d, [TURN[:3], [{"type": "pad", "pad": "x" * 300}]], limits=SMALL)
+    frames = split_frames(log)
+    start = len(log) - len(frames[-1])
+    at, n = fcs_field(frames[-1])
+    assert n >= 2
+    path = tmp_path / "store" / "s.jsonl.zst"
+    over_limit = 0
+    for bit in range(8 * n):
+        bad = bytearray(log)
+        bad[start + at + bit // 8] ^= 1 << (bit % 8)
+        path.write_bytes(bytes(bad))
+        store = open_zstd(d, limits=SMALL)
+        result = store.scan("s")
+        assert result.damage.kind is DamageKind.CORRUPT and result.damage.offset == start, (bit, result.damage)
+        assert result.status == "repairable"
+        over_limit += "exceeds the frame limit" in result.damage.reason
+        with pytest.raises(CorruptLog) as err:
+            store.append("s", [{"type": "x"}])
+        assert err.value.kind == "corrupt" and err.value.offset == start
+        report = store.repair("s")
+        assert report.status == "repaired" and report.damage.kind is DamageKind.CORRUPT
+        assert store.scan("s").status == "clean"
+        assert path.read_bytes().startswith(log[:start])
+    assert over_limit >= 4  # the high bits declare sizes beyond the limit
+
+
+def test_the_cli_scans_and_repairs_a_flipped_size_field(tmp_path):
+    from sessionlog.cli import main
+
+    d = str(tmp_path / "store")
+    log = make_log(d, [TURN[:3], [{"type": "pad", "pad": "x" * 70_000}]])
+    frames = split_frames(log)
+    start = len(log) - len(frames[-1])
+    at, n = fcs_field(frames[-1])
+    bad = bytearray(log)
+    bad[start + at + n - 1] ^= 0x80
+    assert int.from_bytes(bad[start + at:start + at + n], "little") > FrameLimits.from_limits(Limits()).content
+    path = tmp_path / "store" / "s.jsonl.zst"
+    path.write_bytes(bytes(bad))
+    out = io.StringIO()
+    assert main(["scan", str(path)], out) == 1, out.getvalue()
+    assert "corrupt" in out.getvalue()
+    assert main(["repair", str(path)], io.StringIO()) == 0
+    assert main(["scan", str(path)], io.StringIO()) == 0
+    assert path.read_bytes().startswith(log[:start])
+
+
+def test_a_frame_over_the_limits_before_good_frames_is_mid_log(log):
+    frames = split_frames(log)
+    body, after = b"".join(frames[:3]), b"".join(frames[3:])
+    too_big = compress_frame(b'{"seq":4,"ts":1,"type":"x","pad":"' + b"a" * 5000 + b'"}\n', 3)
+    for hostile, limits in ((HUGE_WINDOW, Limits()), (too_big, SMALL)):
+        kept, scanner = scan(body + hostile + after, limits=limits)
+        assert kept == records_of(frames[:3])
+        assert scanner.damage.kind is DamageKind.MID_LOG
+        assert scanner.damage.offset == len(body)
+        assert scanner.damage.records_after == len(records_of(frames[3:]))
+        assert "limit" in scanner.damage.reason
+
+
+def test_a_header_frame_over_the_limits_is_an_error(tmp_path):
+    """The first frame over the limits is not damage: the file is not a session log this
+    reader can take (an error, exit 4), and nothing is repaired."""
+    store = open_zstd(str(tmp_path))
+    store.create("s", [{"type": "pad", "pad": "a" * 5000}])
+    log = (tmp_path / "s.jsonl.zst").read_bytes()
+    assert len(split_frames(log)) == 1
+    for session_id in (None, "s"):
+        with pytest.raises(CorruptLog, match="exceeds the frame limit") as err:
+            list(FrameScan(io.BytesIO(log).read, session_id=session_id, where="<mem>", limits=SMALL))
+        assert err.value.offset == 0 and err.value.kind is None
+    with pytest.raises(CorruptLog, match="window limit"):
+        scan(HUGE_WINDOW + log)
+    small = open_zstd(str(tmp_path), limits=SMALL)
+    with pytest.raises(CorruptLog, match="exceeds the frame limit"):
+        small.scan("s")
+    with pytest.raises(CorruptLog, match="exceeds the frame limit"):
+        small.append("s", [{"type": "x"}])
+    assert (tmp_path / "s.jsonl.zst").read_bytes() == log
 
 
 # --- large, multi-block frames (what compact writes) ------------------------------
