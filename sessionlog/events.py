@@ -158,40 +158,53 @@ _envelope_list_decoder = msgspec.json.Decoder(list[_Envelope])
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{[\n")
 
 
-def decode_region(region: bytes, first_seq: int) -> list[Record] | None:
-    """All the records of ``region`` (whole lines, each ending in a newline) when every
-    line is a compact record and their seqs run on from ``first_seq``; None when any line
-    needs the exact, line-by-line path (which then finds and explains it).
+def decode_region(region: bytes, first_seq: int) -> list[Record]:
+    """The records of the longest prefix of ``region`` (whole lines, each ending in a
+    newline) whose lines are compact records with seqs running on from ``first_seq``.
 
-    The fast path of a scan: the region is decoded in two calls, and re-encoding the
-    members must give back the region byte for byte, which proves each line is one
-    JSON object with unique keys, aligned with its element."""
-    if not region.isascii():
-        try:
-            region.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+    The fast path of a scan: the region is decoded in two msgspec calls, and re-encoding
+    the members gives back each line byte for byte, which proves it is one JSON object
+    with unique keys. The first line that is not proven that way (and the prefix is
+    empty when the region does not decode at all) is left to the exact, line-by-line
+    rules, which accept it (a record written with spaces) or explain why not."""
+    try:
+        region.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        region = region[: region.rfind(b"\n", 0, exc.start) + 1]
+        if not region:
+            return []
     joined = b"[" + region[:-1].replace(b"\n", b",") + b"]"
     try:
         members = _members_list_decoder.decode(joined)
         envelopes = _envelope_list_decoder.decode(joined)
     except (msgspec.DecodeError, RecursionError):
-        return None
-    if _encoder.encode_lines(members) != region:
-        return None
-    brackets = region.translate(None, _NOT_BRACKETS)
-    if len(brackets) > MAX_DEPTH + len(members) and max(map(len, brackets.split(b"\n"))) > MAX_DEPTH:
-        return None
-    seq = first_seq
-    for envelope in envelopes:
-        if envelope.seq != seq or not envelope.type:
-            return None
-        seq += 1
+        return []
     lines = region.split(b"\n")
     lines.pop()
-    return [
-        Record(line, e.seq, e.ts, e.type, m) for line, e, m in zip(lines, envelopes, members, strict=True)
-    ]
+    if len(lines) != len(members):  # pragma: no cover - a line holding two objects does not decode
+        return []
+    good = len(lines)
+    again = _encoder.encode_lines(members)
+    if again != region:
+        for i, (line, other) in enumerate(zip(lines, again.split(b"\n"), strict=False)):
+            if line != other:
+                good = i
+                break
+    brackets = region.translate(None, _NOT_BRACKETS)
+    if len(brackets) > MAX_DEPTH + len(lines):
+        for i, count in enumerate(map(len, brackets.split(b"\n"))):
+            if i >= good:
+                break
+            if count > MAX_DEPTH and _depth_exceeds(lines[i], MAX_DEPTH):
+                good = i
+    seq = first_seq
+    for i in range(good):
+        envelope = envelopes[i]
+        if envelope.seq != seq or not envelope.type:
+            good = i
+            break
+        seq += 1
+    return [Record(lines[i], envelopes[i].seq, envelopes[i].ts, envelopes[i].type, members[i]) for i in range(good)]
 
 
 class Record(Mapping[str, Any]):

@@ -131,17 +131,20 @@ class LineScan:
                 end = buf.rfind(b"\n", i) + 1
                 if end > i:
                     records = decode_region(buf[i:end], expected)
-                    if records is not None and max(len(r.raw) for r in records) <= limit:
-                        for record in records:
-                            i += len(record.raw) + 1
-                            expected += 1
-                            self.stable_offset = base + i
-                            self.last_seq = record.seq
-                            self.last_ts = record.ts
-                            self.count += 1
-                            yield record
+                    for record in records:
+                        if len(record.raw) > limit:
+                            break  # the exact path reports it
+                        i += len(record.raw) + 1
+                        expected += 1
+                        self.stable_offset = base + i
+                        self.last_seq = record.seq
+                        self.last_ts = record.ts
+                        self.count += 1
+                        yield record
+                    if i == end:
                         continue
-                    exact_until = end
+                    # The next line takes the exact path; the fast path resumes after it.
+                    exact_until = buf.find(b"\n", i) + 1
             nl = buf.find(b"\n", i)
             if nl < 0:
                 if len(buf) - i > limit:
