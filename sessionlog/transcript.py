@@ -60,19 +60,13 @@ class PendingCalls:
 
         Only the members the transcript needs are decoded (a Record decodes a member on
         lookup): a tool result's output is never materialized."""
-        if isinstance(record, Record):
-            type_, seq, ts = record.type, record.seq, record.ts
+        if type(record) is Record:
+            type_, seq, ts = record.type, record.seq, record.ts  # type: ignore[attr-defined]
         else:
             type_, seq, ts = record["type"], record["seq"], record["ts"]
         self.last_seq = seq
         self.last_ts = ts
-        if type_ not in _TRACKED:
-            return
-        if type_ in (TURN_START, TURN_END):
-            self.open_turn = record.get("turn") if type_ == TURN_START else None
-            self.open_step = None
-            self._reset_calls()
-        elif type_ == TOOL_RESULT:
+        if type_ == TOOL_RESULT:
             if not self._by_id:
                 return  # no open call to answer: leave the record undecoded
             call_id = record.get("call_id")
@@ -86,6 +80,12 @@ class PendingCalls:
             call = self._by_id.get(call_id) if isinstance(call_id, str) else None
             if call is not None and call.call_seq is None:
                 call.call_seq = seq
+        elif type_ not in _TRACKED:
+            return
+        elif type_ in (TURN_START, TURN_END):
+            self.open_turn = record.get("turn") if type_ == TURN_START else None
+            self.open_step = None
+            self._reset_calls()
         elif type_ == ASSISTANT_MESSAGE:
             turn = record.get("turn")
             self.step_turn = turn if turn is not None else self.open_turn
