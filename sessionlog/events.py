@@ -330,14 +330,22 @@ def encode_records(
     Raises :class:`RecordError` naming the first event at fault (not an event, no type,
     ``seq`` set, not serializable, too deep, longer than ``record_limit`` bytes)."""
     when = time.time() if now is None else now
-    if not all(_plain(event) for event in events):
-        lines = []
-        for i, event in enumerate(events):
-            try:
-                lines.append(encode_record(event, first_seq + i, when))
-            except RecordError as exc:
-                raise RecordError(f"event {i} of the batch: {exc.reason}") from None
-        return _checked(lines, record_limit, nested=True)
+    nested = False
+    for event in events:
+        # The hot path takes dict events with a non-empty string type, string keys, and
+        # no seq or ts of their own; anything else takes the general path, which names
+        # the problem.
+        type_ = event.get("type") if type(event) is dict else None
+        if (
+            type(type_) is not str
+            or not type_
+            or "seq" in event
+            or "ts" in event
+            or not _STR.issuperset(map(type, event))
+        ):
+            return _encode_each(events, first_seq, when, record_limit)
+        if not nested and not _SCALARS.issuperset(map(type, event.values())):
+            nested = True
     # The hot path: one encoder call for the whole batch, then the envelope spliced in
     # front of each event's members. JSON escapes every newline inside a string, so
     # splitting the encoder's lines on b"\n" is exact.
@@ -354,29 +362,29 @@ def encode_records(
     members.pop()
     ts_member = b',"ts":' + _encoder.encode(when) + b","
     lines = [b'{"seq":%d%b%b' % (seq, ts_member, m[1:]) for seq, m in enumerate(members, first_seq)]
-    nested = not all(_SCALARS.issuperset(map(type, event.values())) for event in events)
     return _checked(lines, record_limit, nested=nested)
 
 
+def _encode_each(
+    events: Sequence[Mapping[str, Any]], first_seq: int, when: float, record_limit: int
+) -> list[bytes]:
+    lines = []
+    for i, event in enumerate(events):
+        try:
+            lines.append(encode_record(event, first_seq + i, when))
+        except RecordError as exc:
+            raise RecordError(f"event {i} of the batch: {exc.reason}") from None
+    return _checked(lines, record_limit, nested=True)
+
+
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _plain(event: object) -> bool:
-    """A dict event the hot path can encode: a non-empty string type, no seq, no ts."""
-    return (
-        type(event) is dict
-        and type(event.get("type")) is str
-        and bool(event["type"])
-        and "seq" not in event
-        and "ts" not in event
-        and _str_keys(event)
-    )
+_STR = frozenset({str})
 
 
 def _str_keys(event: Mapping[Any, Any]) -> bool:
     """True when every top-level key is a string (the encoder would turn 1 into "1",
     and a record with both would repeat a key: it would not decode)."""
-    return all(type(key) is str for key in event)
+    return _STR.issuperset(map(type, event))
 
 
 def _checked(lines: list[bytes], record_limit: int, *, nested: bool) -> list[bytes]:
