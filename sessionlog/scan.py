@@ -22,6 +22,7 @@ from .contract import (
 from .events import FORMAT, SESSION_START, Record, RecordError, decode_region, encode_records
 
 CHUNK = 1 << 20
+_OVER_LIMIT = "record exceeds the record limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,7 @@ class LineScan:
             nl = buf.find(b"\n", i)
             if nl < 0:
                 if len(buf) - i > limit:
-                    self._fail(base + i, buf[i:], None, "record exceeds the record limit")
+                    self._fail(base + i, buf[i:], None, _OVER_LIMIT)
                     return
                 chunk = read(CHUNK)
                 if not chunk:
@@ -164,7 +165,7 @@ class LineScan:
                 i = 0
                 continue
             if nl - i > limit:
-                self._fail(base + i, buf[i:], None, "record exceeds the record limit")
+                self._fail(base + i, buf[i:], None, _OVER_LIMIT)
                 return
             line = buf[i:nl]
             try:
@@ -197,7 +198,7 @@ class LineScan:
                 f"{offset} ({reason})",
                 path=self.where, offset=offset,
             )
-        if decodes is None and reason == "record exceeds the record limit" and pending[:1] != b"\0":
+        if reason is _OVER_LIMIT and pending[:1] != b"\0":
             raise CorruptLog(
                 f"{self.where}: record at offset {offset} exceeds the record limit of "
                 f"{self.limits.record_limit} bytes",
