@@ -50,6 +50,7 @@ from sessionlog.durable import (
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
+    RecordError,
     header_event,
     valid_session_id,
 )
@@ -129,9 +130,10 @@ def check_not_poisoned(file: tuple[int, int], path: str) -> None:
         )
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What must not change for a remembered tail to still be the file's tail."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What must not change for a remembered tail to still be the file's tail (ctime
+    too: no one can set it, so a restored file with an old mtime does not pass)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _io_error(exc: OSError, path: str, what: str) -> SessionLogError:
@@ -255,7 +257,11 @@ class FileSession:
                     f"batch of {len(data)} bytes exceeds the batch limit of "
                     f"{self.store.limits.batch_limit} bytes; split it"
                 )
-            return self._write(data, len(lines), Record.from_line(lines[-1]).ts)
+            try:
+                last_ts = Record.from_line(lines[-1]).ts
+            except RecordError as exc:  # pragma: no cover - encode_batch reads its lines back
+                raise InvalidEvent(f"the batch does not read back: {exc.reason}") from None
+            return self._write(data, len(lines), last_ts)
 
     def _write(self, data: bytes, n: int, last_ts: float) -> int:
         """Write one encoded batch durably. Nothing after the sync can fail."""
@@ -291,9 +297,11 @@ class FileSession:
     # -- lifetime ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the lock. Closing never raises over an exception already in flight."""
-        self._close_fd()
-        self._lock.release()
+        """Release the lock (after an append in flight on another thread has finished).
+        Closing never raises over an exception already in flight."""
+        with self._mutex:
+            self._close_fd()
+            self._lock.release()
 
     def __enter__(self) -> FileSession:
         return self
@@ -329,7 +337,7 @@ class FileStore:
         self.lock_timeout = lock_timeout
         self.url = f"{scheme}:{directory}"
         self.atomic_batches = framing.atomic_batches
-        self._tails: dict[str, tuple[tuple[int, int, int, int], int, float]] = {}
+        self._tails: dict[str, tuple[tuple[int, int, int, int, int], int, float]] = {}
         self._closed = False
         if create_dir:
             try:
@@ -398,6 +406,7 @@ class FileStore:
         data = self.framing.encode(lines)
         if len(data) > self.limits.batch_limit:
             raise InvalidEvent(f"first batch of {len(data)} bytes exceeds the batch limit")
+        self._tails.pop(session_id, None)
         try:
             publish_new(self.fs, self.directory, self.file_name(session_id), [data])
         except FileExistsError:
@@ -411,6 +420,7 @@ class FileStore:
         the file is written under a temp name, fsynced, then linked into place."""
         self.check_id(session_id)
         check = ImportCheck(session_id)
+        self._tails.pop(session_id, None)
         try:
             publish_new(self.fs, self.directory, self.file_name(session_id),
                         self._batches(map(check, records)))
@@ -506,9 +516,10 @@ class FileStore:
         self.check_id(session_id)
         owned = self._owned(session_id)
         result = self._scan(session_id, owned=owned)
-        torn = result.damage is not None and result.damage.kind is DamageKind.TORN
-        if torn and self._owned(session_id):
-            result = self._scan(session_id, owned=True)  # a writer started mid-scan: its write is in flight
+        if result.damage is not None and result.damage.kind is DamageKind.TORN:
+            # A writer may have started (its write is in flight) or finished (the line is
+            # whole now) while this scan read: look again with a fresh probe.
+            result = self._scan(session_id, owned=self._owned(session_id))
         return result
 
     def _scan(self, session_id: str, *, owned: bool) -> ScanResult:
@@ -679,7 +690,12 @@ class FileStore:
                 durable_truncate(fs, fd, damage.offset)
             # 3. Marker, synthetic results and closers in one durable batch.
             data = self.framing.encode([r.raw for r in report.appended])
-            durable_append(fs, fd, data, end)
+            try:
+                durable_append(fs, fd, data, end)
+            except AppendFailed as exc:
+                if exc.outcome_unknown:
+                    poison((st.st_dev, st.st_ino), str(exc))
+                raise
         except OSError as exc:
             raise IOFailure(f"{path}: repair failed: {exc.strerror or exc}") from exc
         finally:
@@ -691,9 +707,12 @@ class FileStore:
         self.check_id(session_id)
         lock = self.take_lock(session_id, self.lock_timeout)
         path = self.path_of(session_id)
+        self._tails.pop(session_id, None)
         try:
             try:
+                st = self.fs.stat(path)
                 self.fs.unlink(path)
+                _POISONED.pop((st.st_dev, st.st_ino), None)  # the inode may be reused by a new session
             except FileNotFoundError:
                 raise SessionNotFound(f"{path}: no such session") from None
             for name in self.quarantines(session_id):

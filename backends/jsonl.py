@@ -52,13 +52,19 @@ class JsonlFraming:
                 "repair the session before appending",
                 path=where, offset=start + data.rfind(b"\n") + 1, kind=str(DamageKind.TORN),
             )
-        skip = 0 if start == nl + 1 else data.find(b"\n") + 1  # a window may start mid-record
+        # A window may start mid-record: its first (partial) line is skipped, unless the
+        # byte before the window ends a line.
+        at_boundary = start == nl + 1 or fs.pread(fd, 1, start - 1) == b"\n"
+        skip = 0 if at_boundary else data.find(b"\n") + 1
         if skip == len(data):
             raise CorruptLog(f"{where}: the last record exceeds the record limit", path=where, offset=start)
         offset = start + skip
-        expected = header.seq + 1 if skip == 0 else None
+        expected = header.seq + 1 if start == nl + 1 else None
         last = header
         for line in data[skip:-1].split(b"\n"):
+            if len(line) > limits.record_limit:
+                raise CorruptLog(f"{where}: the record at offset {offset} exceeds the record limit",
+                                 path=where, offset=offset)
             record = _decode(line, where, offset, "a record within the last append's reach")
             if expected is not None and record.seq != expected:
                 raise CorruptLog(

@@ -132,6 +132,8 @@ def _decode_members(line: bytes) -> tuple[_Envelope, dict[str, msgspec.Raw]]:
         raise RecordError(f"bad envelope: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise RecordError(f"not a JSON object: {exc}") from None
+    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
+        raise RecordError(f"nested deeper than {MAX_DEPTH}")
     # Re-encoding the members gives the line back exactly when the line is compact with
     # unique keys; anything else (spaces, escapes, a repeated key) takes the exact path.
     if len(_encoder.encode(members)) != len(line):
@@ -141,21 +143,28 @@ def _decode_members(line: bytes) -> tuple[_Envelope, dict[str, msgspec.Raw]]:
             json.loads(line, object_pairs_hook=_pairs_unique)
         except RecordError:
             raise
-        except ValueError as exc:  # pragma: no cover - msgspec accepted it
+        except (ValueError, RecursionError) as exc:  # pragma: no cover - msgspec accepted it
             raise RecordError(f"not a JSON object: {exc}") from None
-    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
-        raise RecordError(f"nested deeper than {MAX_DEPTH}")
     if not envelope.type:
         raise RecordError("type is empty")
-    if not math.isfinite(envelope.ts):  # pragma: no cover - JSON has no inf/nan
+    if not math.isfinite(envelope.ts):  # pragma: no cover - msgspec refuses 1e999 already
         raise RecordError("ts is not a finite number")
     return envelope, members
 
 
 _members_list_decoder = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _envelope_list_decoder = msgspec.json.Decoder(list[_Envelope])
 # Every byte but "{", "[" and newline: deleting them leaves each line's bracket count.
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{[\n")
+
+
+def _decode_lines(lines: list[bytes]) -> tuple[list[dict[str, msgspec.Raw]], list[_Envelope]] | None:
+    joined = b"[" + b",".join(lines) + b"]"
+    try:
+        return _members_list_decoder.decode(joined), _envelope_list_decoder.decode(joined)
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def decode_region(region: bytes, first_seq: int) -> list[Record]:
@@ -167,21 +176,34 @@ def decode_region(region: bytes, first_seq: int) -> list[Record]:
     with unique keys. The first line that is not proven that way (and the prefix is
     empty when the region does not decode at all) is left to the exact, line-by-line
     rules, which accept it (a record written with spaces) or explain why not."""
-    try:
-        region.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        region = region[: region.rfind(b"\n", 0, exc.start) + 1]
-        if not region:
-            return []
-    joined = b"[" + region[:-1].replace(b"\n", b",") + b"]"
-    try:
-        members = _members_list_decoder.decode(joined)
-        envelopes = _envelope_list_decoder.decode(joined)
-    except (msgspec.DecodeError, RecursionError):
-        return []
+    if not region.isascii():
+        try:
+            region.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            region = region[: region.rfind(b"\n", 0, exc.start) + 1]
+            if not region:
+                return []
     lines = region.split(b"\n")
     lines.pop()
-    if len(lines) != len(members):  # pragma: no cover - a line holding two objects does not decode
+    decoded = _decode_lines(lines)
+    if decoded is None:
+        # Something in the region does not decode: the longest prefix that does, found by
+        # halving (a few decodes of shrinking size, never one per line).
+        low, high = 0, len(lines)  # lines[:low] decode; lines[:high] do not
+        while high - low > 1:
+            mid = (low + high) // 2
+            if _decode_lines(lines[:mid]) is None:
+                high = mid
+            else:
+                low = mid
+        lines = lines[:low]
+        if not lines:
+            return []
+        region = b"\n".join(lines) + b"\n"
+        decoded = _decode_lines(lines)
+        assert decoded is not None
+    members, envelopes = decoded
+    if len(lines) != len(members):  # two objects on one line, or one split across two
         return []
     good = len(lines)
     again = _encoder.encode_lines(members)
@@ -360,6 +382,8 @@ def encode_records(
         raise  # pragma: no cover
     members = data.split(b"\n")
     members.pop()
+    if len(members) != len(events):  # a msgspec.Raw value holding a newline
+        return _encode_each(events, first_seq, when, record_limit)
     ts_member = b',"ts":' + _encoder.encode(when) + b","
     lines = [b'{"seq":%d%b%b' % (seq, ts_member, m[1:]) for seq, m in enumerate(members, first_seq)]
     return _checked(lines, record_limit, nested=nested)
@@ -388,13 +412,33 @@ def _str_keys(event: Mapping[Any, Any]) -> bool:
 
 
 def _checked(lines: list[bytes], record_limit: int, *, nested: bool) -> list[bytes]:
+    """``lines`` when each reads back as a record within ``record_limit``.
+
+    Events of strings, numbers, booleans and nulls always encode to a record. Anything
+    else (containers, and values the encoder copies verbatim such as ``msgspec.Raw``) is
+    read back with the scanner's own rules, so append never writes what scan rejects."""
     if not nested and (not lines or max(map(len, lines)) <= record_limit):
         return lines
     for i, line in enumerate(lines):
         if len(line) > record_limit:
             raise RecordError(f"event {i} of the batch is {len(line)} bytes, over the record limit of {record_limit}")
-        if nested and line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
-            raise RecordError(f"event {i} of the batch is nested deeper than {MAX_DEPTH}")
+    if not nested:
+        return lines
+    # Top-level keys are unique strings by construction; what remains is the JSON inside
+    # the members (one validating pass for the batch) and the nesting depth.
+    joined = b"[" + b",".join(lines) + b"]"
+    try:
+        if not joined.isascii():
+            joined.decode("utf-8")
+        valid = len(_raw_list_decoder.decode(joined)) == len(lines)
+    except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
+        valid = False
+    for i, line in enumerate(lines):
+        if not valid or (line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH)):
+            try:
+                Record.from_line(line)
+            except RecordError as exc:
+                raise RecordError(f"event {i} of the batch does not read back as a record: {exc.reason}") from None
     return lines
 
 

@@ -19,7 +19,14 @@ from .contract import (
     UnsupportedFormat,
     classify_damage,
 )
-from .events import FORMAT, SESSION_START, Record, RecordError, decode_region, encode_records
+from .events import (
+    FORMAT,
+    SESSION_START,
+    Record,
+    RecordError,
+    decode_region,
+    encode_records,
+)
 
 CHUNK = 1 << 20
 _OVER_LIMIT = "record exceeds the record limit"
@@ -258,10 +265,9 @@ class _TailCount:
                 self.end += len(chunk)
                 buf = buf[i:] + chunk
                 base += i
-                exact_until = max(0, exact_until - i)
                 i = 0
                 continue
-            if not skipping:
+            if not skipping and nl - i <= self._limit:  # the same answer however read() splits
                 try:
                     record = Record.from_line(buf[i:nl])
                 except RecordError:

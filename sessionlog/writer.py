@@ -189,6 +189,9 @@ class WriteBehind:
         except asyncio.CancelledError:
             try:
                 last = await thread
+            except AppendFailed as exc:
+                if exc.outcome_unknown:  # maybe written: never requeued, never written again
+                    self._stop(lane, batch, exc)
             except BaseException:
                 pass  # not written: the caller requeues it
             else:
@@ -196,15 +199,17 @@ class WriteBehind:
             raise
 
     def _write_sync(self, lane: _Lane, events: list[Mapping[str, Any]]) -> int:
-        if lane.handle is None:
-            lane.handle = self.store.session(lane.session_id)
+        handle = lane.handle
+        if handle is None:
+            handle = lane.handle = self.store.session(lane.session_id)
         try:
-            return lane.handle.append(events)
+            return handle.append(events)
         except AppendFailed:
             # A failed handle is unusable; the next write opens a new one.
             with contextlib.suppress(SessionLogError):
-                lane.handle.close()
-            lane.handle = None
+                handle.close()
+            if lane.handle is handle:
+                lane.handle = None
             raise
 
     def _pause(self, lane: _Lane, batch: list[_Pending], exc: BaseException) -> None:
@@ -262,12 +267,16 @@ class WriteBehind:
                 await self.flush(lane.session_id)
             except BaseException as exc:
                 first = first or exc
+                if lane.task is not None:
+                    # A write may be in flight in its thread: let it finish and settle
+                    # before the handle (its descriptor and its lock) goes away.
+                    await _settled(lane.task)
                 _fail(lane.queue, exc)
                 lane.queue.clear()
             if lane.handle is not None:
-                await asyncio.to_thread(lane.handle.close)
-                lane.handle = None
-        if first is not None and not isinstance(first, asyncio.CancelledError):
+                handle, lane.handle = lane.handle, None
+                await _settled(asyncio.ensure_future(asyncio.to_thread(handle.close)))
+        if first is not None:
             raise first
 
     async def __aenter__(self) -> WriteBehind:
@@ -275,6 +284,21 @@ class WriteBehind:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _settled(task: asyncio.Future[Any]) -> None:
+    """Wait for ``task`` to finish, even if the waiting task is cancelled meanwhile (the
+    cancellation is raised afterwards)."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+        except BaseException:
+            break
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _resolve(batch: list[_Pending], last: int) -> None:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 import sessionlog
-from sessionlog import AppendFailed, CorruptLog, SessionExists, StoreClosed
+from sessionlog import AppendFailed, CorruptLog, DamageKind, SessionExists, StoreClosed
 from sessionlog.backends.jsonl import open_jsonl
 from sessionlog.durable import FileSystem
 
@@ -391,3 +391,43 @@ def test_session_repair_holds_the_lock_until_the_handle_is_open(tmp_path):
         assert s.last_seq == 3
         with pytest.raises(sessionlog.SessionLocked):
             store.session("s")
+
+
+def test_tail_window_starting_exactly_on_a_line_boundary_is_checked(tmp_path):
+    limits = sessionlog.Limits(record_limit=200, batch_limit=400)
+    store = open_jsonl(str(tmp_path / "st"), limits=limits)
+    store.create("s")
+    for i in range(30):
+        store.append("s", [{"type": "a", "i": i}])
+    path = tmp_path / "st" / "s.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    keep, landed = b"".join(lines[:-4]), b"".join(lines[-2:])
+    # The last append (exactly one batch_limit of bytes) lost its first pages to NULs; the
+    # window of one append's reach then starts exactly at the NUL hole.
+    path.write_bytes(keep + b"\0" * (limits.batch_limit - len(landed)) + landed)
+    fresh = open_jsonl(str(tmp_path / "st"), limits=limits)
+    assert fresh.scan("s").damage.kind is DamageKind.ZERO_FILL
+    with pytest.raises(CorruptLog):
+        fresh.append("s", [{"type": "new"}])
+
+
+def test_a_recreated_session_never_reuses_a_cached_tail(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s", [{"type": "a"}])
+    store.append("s", [{"type": "b"}])  # caches the tail (seq 3)
+    store.delete("s")
+    store.create("s")  # seq 1 only
+    assert store.append("s", [{"type": "x"}]) == 2
+
+
+def test_repair_with_an_unknown_outcome_poisons_the_file(tmp_path):
+    fs = Faulty()
+    store = open_jsonl(str(tmp_path / "st"), fs=fs)
+    store.create("s", [{"type": "turn/start", "turn": "t"}])
+    fs.fail("fdatasync")
+    fs.fail("ftruncate")
+    with pytest.raises(AppendFailed) as info:
+        store.repair("s")
+    assert info.value.outcome_unknown
+    with pytest.raises(AppendFailed):
+        store.append("s", [{"type": "x"}])

@@ -87,3 +87,67 @@ def test_one_odd_line_does_not_slow_down_its_region():
     records, stable, damage = scan_bytes(b"\n".join(lines) + b"\n", session_id="s")
     assert damage is None and [r.raw for r in records] == lines
     assert decode_region(b"\n".join(lines[1:]) + b"\n", 2)[-1].seq == 700  # stops just before it
+
+
+def test_damage_in_a_log_larger_than_one_read(tmp_path):
+    lines = log(12000)
+    lines[5000] = b"garbage"
+    data = b"\n".join(lines) + b"\n"
+    assert len(data) > 1 << 20
+    records, _, damage = scan_bytes(data, session_id="s")
+    assert len(records) == 5000 and damage.kind is DamageKind.MID_LOG and damage.records_after == 6999
+
+
+def test_a_bad_line_costs_a_few_region_decodes_not_one_per_line(monkeypatch):
+    from sessionlog import events
+
+    calls = []
+    real = events._decode_lines
+    monkeypatch.setattr(events, "_decode_lines", lambda lines: calls.append(len(lines)) or real(lines))
+    lines = log(4000)
+    lines[3990] = b"\0\0\0"
+    records, _, damage = scan_bytes(b"\n".join(lines) + b"\n", session_id="s")
+    assert len(records) == 3990 and damage is not None
+    assert len(calls) < 60
+
+
+def test_the_tail_count_does_not_depend_on_how_the_file_is_read():
+    from sessionlog.scan import LineScan
+
+    lines = log(300)
+    lines[100] = b"not json"
+    lines[200] = lines[200][:-1] + b',"pad":"' + b"p" * 3000 + b'"}'  # decodes, over the limit
+    data = b"\n".join(lines[:201]) + b"\n"
+    kinds = set()
+    for chunk in (7, 1000, 1 << 20):
+        pos = 0
+
+        def read(n, chunk=chunk):
+            nonlocal pos
+            piece = data[pos:pos + min(n, chunk)]
+            pos += len(piece)
+            return piece
+
+        scan = LineScan(read, session_id="s", where="<mem>", limits=Limits(record_limit=2048))
+        list(scan)
+        kinds.add((scan.damage.kind, scan.damage.records_after))
+    assert kinds == {(DamageKind.MID_LOG, 99)}
+
+
+def test_a_deep_spaced_line_is_refused_not_raised():
+    line = b'{"seq":2, "ts":1,"type":"x","v":' + b"[" * 990 + b"]" * 990 + b"}"
+    with pytest.raises(RecordError):
+        Record.from_line(line)
+
+
+def test_append_never_writes_what_scan_refuses():
+    import msgspec
+
+    from sessionlog.events import encode_records
+
+    for bad in ({"type": "x", "r": msgspec.Raw(b'{"a":1}\n{"type":"injected"}')},
+                {"type": "x", "r": msgspec.Raw(b"{bad")},
+                {"type": "x", "r": [msgspec.Raw(b'"\xff"')]}):
+        with pytest.raises(RecordError):
+            encode_records([{"type": "ok"}, bad], 2, record_limit=10_000)
+    assert encode_records([{"type": "x", "r": msgspec.Raw(b"[1,2]")}], 2, record_limit=100)

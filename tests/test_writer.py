@@ -251,3 +251,36 @@ def test_an_error_while_isolating_an_invalid_event_keeps_the_rest_queued(tmp_pat
 
     asyncio.run(main())
     assert [r["type"] for r in store.read("s1")] == ["session/start", "ok", "ok"]
+
+
+def test_close_cancelled_mid_write_waits_for_the_write_and_keeps_the_cancellation(tmp_path):
+    import threading
+
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    gate = threading.Event()
+
+    class SlowFS(FileSystem):
+        def fdatasync(self, fd):
+            gate.wait(5)
+            super().fdatasync(fd)
+
+    slow = open_jsonl(str(tmp_path), fs=SlowFS())
+
+    async def main():
+        w = WriteBehind(slow)
+        f = w.submit("s1", [{"type": "a"}])
+        await asyncio.sleep(0.05)  # the write is in its thread, waiting on the sync
+        closing = asyncio.ensure_future(w.close())
+        await asyncio.sleep(0.05)
+        closing.cancel()
+        await asyncio.sleep(0.05)
+        assert store.scan("s1").status == "open"  # the writer still owns the session
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert await f == 2  # the write landed and its producer was told so
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "a"]
+    assert store.scan("s1").status == "clean"
