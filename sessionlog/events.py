@@ -98,7 +98,7 @@ def _depth_exceeds(line: bytes, limit: int) -> bool:
     return False
 
 
-class _Envelope(msgspec.Struct):
+class _Envelope(msgspec.Struct, gc=False):
     seq: int
     ts: float
     type: str
