@@ -56,8 +56,10 @@ from sessionlog.events import (
 )
 from sessionlog.scan import DEFAULT_LIMITS, Limits, encode_batch
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
+from sessionlog.writer import WriteBehind
 
 READ_CHUNK = 1 << 20
+_READ_RESTARTS = 3  # a reader starts over this often when the file moves under it
 # Where fsync/fdatasync (or F_FULLFSYNC) and flock give the guarantees DESIGN.md states.
 _DURABLE_PLATFORMS = ("linux", "darwin")
 
@@ -366,6 +368,11 @@ class FileStore:
     def lock_path_of(self, session_id: str) -> str:
         return os.path.join(self.directory, f".{session_id}.lock")
 
+    def writer(self, **options: Any) -> WriteBehind:
+        """Write-behind over this store (``async with store.writer() as w``): events are
+        accepted at once and made durable in batches; see :class:`sessionlog.writer.WriteBehind`."""
+        return WriteBehind(self, **options)
+
     def sessions(self) -> list[str]:
         """The ids of every session in the store, sorted."""
         suffix = self.framing.suffix
@@ -571,23 +578,41 @@ class FileStore:
 
     def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
         path = self.path_of(session_id)
-        fd = self.open_read(session_id)
-        try:
-            scanner = self.framing.scan(
-                fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
-            )
-            for record in scanner:
-                if record.seq > after_seq:
-                    yield record
-            if after_seq > scanner.last_seq:
-                raise SequenceConflict(
-                    f"{path}: read after seq {after_seq}, but the log ends at seq {scanner.last_seq}",
-                    expected=after_seq, found=scanner.last_seq,
+        last = after_seq
+        for _ in range(_READ_RESTARTS):
+            fd = self.open_read(session_id)
+            try:
+                ino = self.fs.fstat(fd).st_ino
+                scanner = self.framing.scan(
+                    fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
                 )
-        except OSError as exc:
-            raise _io_error(exc, path, "read") from exc
-        finally:
-            self.fs.close(fd)
+                for record in scanner:
+                    if record.seq > last:
+                        last = record.seq
+                        yield record
+                damage = scanner.damage
+                if damage is None or not self._moved(path, ino, damage.offset + damage.length):
+                    break
+                # The file shrank or was replaced under this reader (repair, compact):
+                # never join bytes across that EOF; start over after the last record given.
+            except OSError as exc:
+                raise _io_error(exc, path, "read") from exc
+            finally:
+                self.fs.close(fd)
+        if after_seq > scanner.last_seq:
+            raise SequenceConflict(
+                f"{path}: read after seq {after_seq}, but the log ends at seq {scanner.last_seq}",
+                expected=after_seq, found=scanner.last_seq,
+            )
+
+    def _moved(self, path: str, ino: int, seen: int) -> bool:
+        """True when ``path`` is no longer the file a reader read ``seen`` bytes of: it was
+        replaced, or it shrank."""
+        try:
+            st = self.fs.stat(path)
+        except FileNotFoundError:
+            return False
+        return st.st_ino != ino or st.st_size < seen
 
     def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
         """Quarantine and cut a damaged tail, then close the open transcript, each step

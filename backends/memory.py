@@ -28,6 +28,7 @@ from sessionlog.events import (
 )
 from sessionlog.scan import DEFAULT_LIMITS, Limits, encode_batch
 from sessionlog.transcript import PendingCalls, crash_plan
+from sessionlog.writer import WriteBehind
 
 
 class MemorySession:
@@ -238,6 +239,11 @@ class MemoryStore:
             del self._sessions[session_id]
         finally:
             self._release(session_id, owner)
+
+    def writer(self, **options: Any) -> WriteBehind:
+        """Write-behind over this store (``async with store.writer() as w``): events are
+        accepted at once and made durable in batches; see :class:`sessionlog.writer.WriteBehind`."""
+        return WriteBehind(self, **options)
 
     def sessions(self) -> list[str]:
         return sorted(self._sessions)

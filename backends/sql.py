@@ -100,6 +100,7 @@ from sessionlog.events import (
 )
 from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header, encode_batch
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
+from sessionlog.writer import WriteBehind
 
 from .sql_engines import (
     SCHEMA_LOCK_KEY,
@@ -619,6 +620,11 @@ class SqlStore:
             if check.last_seq == 0:
                 raise InvalidEvent(f"import of {session_id!r}: no records")
         return check.last_seq
+
+    def writer(self, **options: Any) -> WriteBehind:
+        """Write-behind over this store (``async with store.writer() as w``): events are
+        accepted at once and made durable in batches; see :class:`sessionlog.writer.WriteBehind`."""
+        return WriteBehind(self, **options)
 
     def sessions(self) -> list[str]:
         """The ids of every session in the database, sorted."""

@@ -431,3 +431,33 @@ def test_repair_with_an_unknown_outcome_poisons_the_file(tmp_path):
     assert info.value.outcome_unknown
     with pytest.raises(AppendFailed):
         store.append("s", [{"type": "x"}])
+
+
+def test_a_reader_starts_over_when_the_file_is_replaced_under_it(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s")
+    for k in range(20):
+        store.append("s", [{"type": "a", "pad": "p" * 100, "i": i} for i in range(1000)])
+    path = tmp_path / "st" / "s.jsonl"
+    whole = path.read_bytes()
+    assert len(whole) > 2 << 20  # more than the reader buffers at once
+    reader = store.read("s")
+    first = [next(reader) for _ in range(10)]
+    # What a repair or compact leaves: a new file (new inode) with the same records, while
+    # the old one (still open by the reader) loses its tail.
+    tmp = tmp_path / "st" / "copy"
+    tmp.write_bytes(whole)
+    with open(path, "r+b") as f:
+        f.truncate(len(whole) // 2 + 7)  # mid-record: the old file now ends torn
+    os.rename(tmp, path)
+    rest = list(reader)
+    seqs = [r.seq for r in first + rest]
+    assert seqs == list(range(1, 20002))  # nothing joined across the torn EOF, nothing repeated
+
+
+def test_a_reader_does_not_start_over_on_a_damaged_file_that_did_not_move(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s", [{"type": "a"}])
+    with open(tmp_path / "st" / "s.jsonl", "ab") as f:
+        f.write(b'{"seq":3,"ts":1,"ty')
+    assert [r.seq for r in store.read("s")] == [1, 2]

@@ -353,3 +353,22 @@ def test_store_is_a_context_manager(store_url):
         store.create("s1")
     with pytest.raises(sessionlog.SessionLogError):
         store.create("s2")
+
+
+def test_write_behind_over_every_backend(store):
+    import asyncio
+
+    store.create("s1")
+
+    async def main():
+        async with store.writer() as w:
+            seqs = await asyncio.gather(*(w.append("s1", [{"type": "ev", "k": k}]) for k in range(20)))
+            w.submit("s1", [{"type": "last"}])
+            await w.flush("s1")
+        return seqs
+
+    seqs = asyncio.run(main())
+    assert sorted(seqs) == list(range(2, 22))
+    records = list(store.read("s1"))
+    assert [r["seq"] for r in records] == list(range(1, 23)) and records[-1]["type"] == "last"
+    assert store.scan("s1").status == "clean"  # released on close
