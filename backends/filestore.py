@@ -549,22 +549,9 @@ class FileStore:
         finally:
             self.fs.close(fd)
         unmarked = [q for q in self.quarantines(session_id) if q not in named]
-        result = ScanResult(
-            session=session_id,
-            path=path,
-            record_count=scanner.count,
-            last_seq=scanner.last_seq,
-            last_ts=scanner.last_ts,
-            stable_offset=scanner.stable_offset,
-            damage=scanner.damage,
-            open_turn=tracker.open_turn,
-            open_step=tracker.open_step,
-            unanswered_calls=[c.call_id for c in tracker.unanswered()],
-            owned=owned,
-            unmarked_quarantines=unmarked,
-            skipped_frames=getattr(scanner, "skipped_frames", 0),
-            tracker=tracker,
-            _load=lambda: list(self.read(session_id)),
+        result = ScanResult.of_prefix(
+            session_id, path, scanner, tracker, stable_offset=scanner.stable_offset, owned=owned,
+            unmarked_quarantines=unmarked, load=lambda: list(self.read(session_id)),
         )
         return result
 

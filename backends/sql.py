@@ -769,21 +769,10 @@ class SqlStore:
             ):
                 tail.quarantines[name] = int(size or 0)
         tail.rows, tail.max_seq = rows.rows, rows.max_seq
-        scan = ScanResult(
-            session=session_id,
-            path=None,
-            record_count=rows.count,
-            last_seq=rows.last_seq,
-            last_ts=rows.last_ts,
-            stable_offset=rows.count,
-            damage=rows.damage,
-            open_turn=tracker.open_turn,
-            open_step=tracker.open_step,
-            unanswered_calls=[c.call_id for c in tracker.unanswered()],
-            owned=owned,
+        scan = ScanResult.of_prefix(
+            session_id, None, rows, tracker, stable_offset=rows.count, owned=owned,
             unmarked_quarantines=[q for q in tail.quarantines if q not in named],
-            tracker=tracker,
-            _load=lambda: list(self.read(session_id)),
+            load=lambda: list(self.read(session_id)),
         )
         return scan, tail
 

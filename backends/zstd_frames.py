@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import zstandard
 
-from sessionlog.contract import CorruptLog, Damage, DamageKind, Failure, classify_damage
+from sessionlog.contract import CorruptLog, Damage, DamageKind, Failure
 from sessionlog.events import Record, RecordError, decode_region
-from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header
+from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header, tail_damage
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # 0xFD2FB528, little-endian
 SKIPPABLE_MASK = 0xFFFFFFF0
@@ -401,23 +401,8 @@ class FrameScan:
         first = self._stream.get(offset, 1)
         tail = TailCount(self._stream, offset, self.frame_limits, self.limits)
         tail.run()
-        within = tail.last_end - offset <= self.limits.batch_limit
-        if first == b"\0":
-            failure = Failure.NUL_RUN
-            reason = "NUL bytes at the end of the log" if within else (
-                f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
-            )
-        else:
-            failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
-        kind = classify_damage(failure, records_after=tail.count, within_reach=within, owned=self.owned)
-        self.damage = Damage(
-            kind=kind,
-            offset=offset,
-            length=tail.end - offset,
-            records_after=tail.count,
-            reason=reason,
-            dropped_seqs=(tail.first_seq, tail.last_seq) if tail.count else None,
-        )
+        failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
+        self.damage = tail_damage(offset, first == b"\0", failure, reason, tail, self.limits, owned=self.owned)
 
 
 class TailCount:

@@ -212,6 +212,40 @@ class ScanResult:
     _load: Callable[[], list[Record]] | None = field(default=None, repr=False)
     _records: list[Record] | None = field(default=None, repr=False)
 
+    @classmethod
+    def of_prefix(
+        cls,
+        session: str,
+        path: str | None,
+        prefix: Any,
+        tracker: Any,
+        *,
+        stable_offset: int,
+        owned: bool,
+        unmarked_quarantines: list[str],
+        load: Callable[[], list[Record]],
+    ) -> ScanResult:
+        """The result of a scan: ``prefix`` is the scanner (``count``, ``last_seq``,
+        ``last_ts``, ``damage``, optional ``skipped_frames``), ``tracker`` the
+        :class:`~sessionlog.transcript.PendingCalls` fed its records."""
+        return cls(
+            session=session,
+            path=path,
+            record_count=prefix.count,
+            last_seq=prefix.last_seq,
+            last_ts=prefix.last_ts,
+            stable_offset=stable_offset,
+            damage=prefix.damage,
+            open_turn=tracker.open_turn,
+            open_step=tracker.open_step,
+            unanswered_calls=[c.call_id for c in tracker.unanswered()],
+            owned=owned,
+            unmarked_quarantines=unmarked_quarantines,
+            skipped_frames=getattr(prefix, "skipped_frames", 0),
+            tracker=tracker,
+            _load=load,
+        )
+
     @property
     def records(self) -> list[Record]:
         """The records of the durable prefix, in order (read on first access)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .contract import (
     CorruptLog,
@@ -213,23 +213,39 @@ class LineScan:
             )
         tail = _TailCount(self._read, pending, offset, self.limits.record_limit)
         tail.run()
-        within = tail.last_end - offset <= self.limits.batch_limit
-        if pending[:1] == b"\0":
-            failure = Failure.NUL_RUN
-            reason = "NUL bytes at the end of the log" if within else (
-                f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
-            )
-        else:
-            failure = Failure.WRONG_SEQ if decodes else Failure.CUT_SHORT if decodes is None else Failure.UNDECODABLE
-        kind = classify_damage(failure, records_after=tail.count, within_reach=within, owned=self.owned)
-        self.damage = Damage(
-            kind=kind,
-            offset=offset,
-            length=tail.end - offset,
-            records_after=tail.count,
-            reason=reason,
-            dropped_seqs=(tail.first_seq, tail.last_seq) if tail.count else None,
+        failure = Failure.WRONG_SEQ if decodes else Failure.CUT_SHORT if decodes is None else Failure.UNDECODABLE
+        self.damage = tail_damage(offset, pending[:1] == b"\0", failure, reason, tail, self.limits, owned=self.owned)
+
+
+class TailSummary(Protocol):
+    """What a walk of the tail after damage found."""
+
+    end: int  # where the tail ends (EOF)
+    count: int  # records that still decode in it
+    first_seq: int
+    last_seq: int
+    last_end: int  # the end of the last of them (the damage offset when none)
+
+
+def tail_damage(
+    offset: int, nul: bool, failure: Failure, reason: str, tail: TailSummary, limits: Limits, *, owned: bool
+) -> Damage:
+    """The :class:`Damage` of a tail that starts at ``offset`` (with a NUL when ``nul``),
+    for every byte-level scanner: a NUL run is judged by one append's reach."""
+    within = tail.last_end - offset <= limits.batch_limit
+    if nul:
+        failure = Failure.NUL_RUN
+        reason = "NUL bytes at the end of the log" if within else (
+            f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
         )
+    return Damage(
+        kind=classify_damage(failure, records_after=tail.count, within_reach=within, owned=owned),
+        offset=offset,
+        length=tail.end - offset,
+        records_after=tail.count,
+        reason=reason,
+        dropped_seqs=(tail.first_seq, tail.last_seq) if tail.count else None,
+    )
 
 
 class _TailCount:
