@@ -12,14 +12,14 @@ import sys
 from typing import Any
 
 import pytest
-
-import sessionlog
-from sessionlog import cli
 from sessionlog.bench import main, transcript
 from sessionlog.bench.memory import write_log
 from sessionlog.bench.rounds import Case, Result, run_interleaved
 from sessionlog.bench.scans import make_corpus
 from sessionlog.bench.targets import Target, evaluate
+
+import sessionlog
+from sessionlog import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,10 +12,10 @@ import time
 
 import pytest
 import zstandard
+from sessionlog.backends.zstd import open_zstd
 
 import sessionlog
 from sessionlog import DamageKind, IOFailure
-from sessionlog.backends.zstd import open_zstd
 from sessionlog.convert import compact, exit_code
 from sessionlog.durable import FileSystem
 

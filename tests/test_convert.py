@@ -12,12 +12,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionlog.backends.zstd import open_zstd
+from sessions import batches, crashed_sessions
 
 import sessionlog
 from sessionlog import InvalidStoreUrl, SessionNotFound
-from sessionlog.backends.zstd import open_zstd
-from sessionlog.convert import SkippableFramesDropped, convert, exit_code, resolve_target
-from sessions import batches, crashed_sessions
+from sessionlog.convert import (
+    SkippableFramesDropped,
+    convert,
+    exit_code,
+    resolve_target,
+)
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
     200 if os.environ.get("SESSIONLOG_SLOW") else 25

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_transcript import assistant, call, numbered, result
 
 import sessionlog
 from sessionlog.delivery import (
@@ -27,7 +28,6 @@ from sessionlog.delivery import (
 )
 from sessionlog.projection import check_pairing, project
 from sessionlog.recovery import TOOL_NOT_FOUND
-from test_transcript import assistant, call, numbered, result
 
 MODES = ("history", "conversation", "previous_response")
 

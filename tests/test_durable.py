@@ -7,10 +7,10 @@ import os
 import shutil
 
 import pytest
+from sessionlog.backends.jsonl import open_jsonl
 
 import sessionlog
 from sessionlog import AppendFailed, CorruptLog, DamageKind, SessionExists, StoreClosed
-from sessionlog.backends.jsonl import open_jsonl
 from sessionlog.durable import FileSystem
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")

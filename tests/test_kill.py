@@ -11,9 +11,9 @@ import textwrap
 import time
 
 import pytest
+from sessions import answered_exactly_once
 
 import sessionlog
-from sessions import answered_exactly_once
 
 pytestmark = pytest.mark.kill
 

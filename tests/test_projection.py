@@ -10,10 +10,6 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-
-import sessionlog
-from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
-from sessionlog.projection import FORMATS, UnknownFormat, check_pairing, project
 from sessions import crashed_sessions
 from test_transcript import (
     assert_paired,
@@ -24,6 +20,10 @@ from test_transcript import (
     requested_ids,
     result,
 )
+
+import sessionlog
+from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
+from sessionlog.projection import FORMATS, UnknownFormat, check_pairing, project
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.jsonl"))

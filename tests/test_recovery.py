@@ -12,12 +12,18 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_transcript import assert_paired, assistant, call, result
 
 import sessionlog
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from sessionlog.projection import FORMATS, check_pairing, project
-from sessionlog.recovery import TOOL_NOT_FOUND, StepScope, ToolOutcome, dispatch_tools, failure_status
-from test_transcript import assert_paired, assistant, call, result
+from sessionlog.recovery import (
+    TOOL_NOT_FOUND,
+    StepScope,
+    ToolOutcome,
+    dispatch_tools,
+    failure_status,
+)
 
 
 class SchedulerError(RuntimeError):

@@ -9,11 +9,11 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessions import answered_exactly_once, batches, crashed_sessions
 
 import sessionlog
 from sessionlog import CorruptLog, DamageKind, Limits
 from sessionlog.scan import scan_bytes
-from sessions import answered_exactly_once, batches, crashed_sessions
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
     500 if os.environ.get("SESSIONLOG_SLOW") else 60

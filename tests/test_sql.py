@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from postgres import postgres_base_url, postgres_schema_url
 from sessionlog.backends.sql import DurabilityRefused, RowScan, SqlStore
 
 import sessionlog
@@ -43,34 +44,11 @@ from sessionlog import (
 )
 from sessionlog.events import Record, encode_record, header_event
 
-PG_ENV = "SESSIONLOG_TEST_POSTGRES_URL"
-
-
-def postgres_base_url() -> str:
-    url = os.environ.get(PG_ENV)
-    if not url:
-        reason = f"PostgreSQL tests: set {PG_ENV} (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)"
-        if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"SESSIONLOG_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return url
-
 
 @pytest.fixture
 def pg_schema_url() -> Iterator[str]:
     """A store URL in a fresh PostgreSQL schema, dropped after the test."""
-    base = postgres_base_url()
-    schema = f"sl_test_{os.getpid()}_{secrets.token_hex(4)}"
-    try:
-        yield f"{base}{'&' if '?' in base else '?'}schema={schema}"
-    finally:
-        engine = sa.create_engine(sa.make_url(base).set(drivername="postgresql+psycopg"))
-        try:
-            with engine.begin() as conn:
-                conn.exec_driver_sql("SET LOCAL lock_timeout = '30s'")
-                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            engine.dispose()
+    yield from postgres_schema_url()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -8,9 +8,7 @@ skipped without it unless SESSIONLOG_REQUIRE_POSTGRES=1).
 from __future__ import annotations
 
 import json
-import os
 import random
-import secrets
 import signal
 import subprocess
 import sys
@@ -20,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
+from postgres import postgres_schema_url
 
 import sessionlog
 from sessionlog import SessionLocked, Status
-
-PG_ENV = "SESSIONLOG_TEST_POSTGRES_URL"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -33,23 +29,7 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'store.db'}"
         return
-    base = os.environ.get(PG_ENV)
-    if not base:
-        reason = f"PostgreSQL tests: set {PG_ENV} (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test)"
-        if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"SESSIONLOG_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    schema = f"sl_test_{os.getpid()}_{secrets.token_hex(4)}"
-    try:
-        yield f"{base}{'&' if '?' in base else '?'}schema={schema}"
-    finally:
-        engine = sa.create_engine(sa.make_url(base).set(drivername="postgresql+psycopg"))
-        try:
-            with engine.begin() as conn:
-                conn.exec_driver_sql("SET LOCAL lock_timeout = '30s'")
-                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            engine.dispose()
+    yield from postgres_schema_url()
 
 
 def child(code: str, *args: Any, stdout: Any = subprocess.PIPE) -> subprocess.Popen[str]:

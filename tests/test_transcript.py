@@ -13,13 +13,17 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionlog.events import header_event
-from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
-from sessionlog.transcript import PendingCalls, closers, crash_plan, pair_calls, recovery_results
+from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, header_event
+from sessionlog.transcript import (
+    PendingCalls,
+    closers,
+    crash_plan,
+    pair_calls,
+    recovery_results,
+)
 
 
 def numbered(events: Sequence[Mapping[str, Any]], *, session: str = "s1", t0: float = 1_700_000_000.0

@@ -6,10 +6,10 @@ import asyncio
 import errno
 
 import pytest
+from sessionlog.backends.jsonl import open_jsonl
 
 import sessionlog
 from sessionlog import AppendFailed, StoreClosed
-from sessionlog.backends.jsonl import open_jsonl
 from sessionlog.durable import FileSystem
 from sessionlog.writer import WriteBehind
 

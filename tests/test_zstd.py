@@ -12,14 +12,14 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sessionlog.backends.zstd import TAIL_WINDOW, compress_frame, open_zstd
+from sessionlog.backends.zstd_frames import FrameLimits, FrameScan
+from sessions import answered_exactly_once, batches, crashed_sessions
 
 import sessionlog
 from sessionlog import AppendFailed, CorruptLog, DamageKind, InvalidStoreUrl, Limits
-from sessionlog.backends.zstd import TAIL_WINDOW, compress_frame, open_zstd
-from sessionlog.backends.zstd_frames import FrameLimits, FrameScan
 from sessionlog.convert import convert
 from sessionlog.durable import FileSystem
-from sessions import answered_exactly_once, batches, crashed_sessions
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
     400 if os.environ.get("SESSIONLOG_SLOW") else 40

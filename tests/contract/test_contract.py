@@ -8,14 +8,14 @@ import pytest
 
 import sessionlog
 from sessionlog import (
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
     InvalidEvent,
     InvalidSessionId,
     SequenceConflict,
     SessionExists,
     SessionLocked,
     SessionNotFound,
-    TOOL_NOT_STARTED,
-    TOOL_OUTCOME_UNKNOWN,
 )
 
 TURN = [
