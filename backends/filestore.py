@@ -626,11 +626,7 @@ class FileStore:
         report = RepairReport(scan.session, path, "clean", damage=damage)
         if damage is not None and damage.kind.needs_force and not force:
             report.status = "refused"
-            report.reason = (
-                f"{damage.kind} at offset {damage.offset} ({damage.reason}); "
-                f"{damage.records_after} decodable record(s) after it may be acknowledged history: "
-                "repair with force to cut it"
-            )
+            report.reason = damage.refusal()
             return report
         events: list[dict[str, Any]] = []
         quarantine = None

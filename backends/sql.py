@@ -896,11 +896,7 @@ class SqlStore:
         report = RepairReport(scan.session, None, "clean", damage=damage)
         if damage is not None and damage.kind.needs_force and not force:
             report.status = "refused"
-            report.reason = (
-                f"{damage.kind} at row {damage.offset} ({damage.reason}); "
-                f"{damage.records_after} decodable record(s) after it may be acknowledged history: "
-                "repair with force to cut it"
-            )
+            report.reason = damage.refusal("row")
             return report
         events: list[dict[str, Any]] = []
         for name in scan.unmarked_quarantines:

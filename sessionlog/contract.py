@@ -169,6 +169,14 @@ class Damage:
     reason: str = ""
     dropped_seqs: tuple[int, int] | None = None
 
+    def refusal(self, where: str = "offset") -> str:
+        """Why repair without force leaves this damage alone (``where``: what ``offset``
+        counts, "offset" in bytes or "row")."""
+        return (
+            f"{self.kind} at {where} {self.offset} ({self.reason}); {self.records_after} decodable "
+            "record(s) after it may be acknowledged history: repair with force to cut it"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": str(self.kind),
