@@ -20,13 +20,14 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
 from sessionlog import InvalidStoreUrl
 from sessionlog.contract import (
+    CompactReport,
     CorruptLog,
     DamageKind,
     InvalidEvent,
@@ -290,26 +291,6 @@ class FrameStats:
     content_bytes: int
 
 
-@dataclass(slots=True)
-class CompactReport:
-    """What ``compact`` did to one session.
-
-    ``status``: "compacted" (rewritten and renamed into place), "unchanged" (the file
-    already is, byte for byte, what compaction would write), "refused" (damaged: repair first; ``damage``
-    says how), or "locked" (a writer owns the session)."""
-
-    session: str
-    path: str
-    status: str
-    reason: str | None = None
-    frames_before: int = 0
-    frames_after: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-    content_bytes: int = 0
-    records: int = 0
-    dropped_skippable_frames: int = 0
-    damage: object | None = field(default=None, repr=False)
 
 
 class ZstdStore(FileStore):

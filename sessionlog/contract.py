@@ -310,6 +310,39 @@ class RepairReport:
         }
 
 
+@dataclass(slots=True)
+class CompactReport:
+    """What ``compact`` did to one session.
+
+    ``status``: "compacted" (rewritten and renamed into place), "unchanged" (the file
+    already is, byte for byte, what compaction would write), "refused" (damaged: repair
+    first; ``damage`` says how), "locked" (a writer owns the session) or "error"."""
+
+    session: str
+    path: str | None
+    status: str
+    reason: str | None = None
+    frames_before: int = 0
+    frames_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    content_bytes: int = 0
+    records: int = 0
+    dropped_skippable_frames: int = 0
+    damage: Damage | None = field(default=None, repr=False)
+
+    @property
+    def exit_code(self) -> int:
+        """0 done, 5 locked, 3 damage that needs force, 1 repairable damage, 4 an error."""
+        if self.status in ("compacted", "unchanged"):
+            return 0
+        if self.status == "locked":
+            return 5
+        if self.status == "refused":
+            return 3 if self.damage is not None and self.damage.kind.needs_force else 1
+        return 4
+
+
 # --- the contract ----------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from . import InvalidStoreUrl, open_store
 from .contract import (
+    CompactReport,
     EventStore,
     InvalidEvent,
     ScanResult,
@@ -67,29 +68,7 @@ class ConvertResult:
         return 4
 
 
-@dataclass(slots=True)
-class CompactResult:
-    """What ``compact`` did with one session: ``status`` is "compacted", "unchanged",
-    "refused" (damaged: repair first), "locked" (a writer owns it) or "error"."""
-
-    session: str
-    status: str
-    reason: str | None = None
-    bytes_before: int = 0
-    bytes_after: int = 0
-    frames_before: int = 0
-    frames_after: int = 0
-    content_bytes: int = 0
-    needs_force: bool = False
-
-    @property
-    def exit_code(self) -> int:
-        return {"compacted": 0, "unchanged": 0, "locked": 5}.get(
-            self.status, 3 if self.needs_force else (1 if self.status == "refused" else 4)
-        )
-
-
-def exit_code(results: Iterable[ConvertResult | CompactResult]) -> int:
+def exit_code(results: Iterable[ConvertResult | CompactReport]) -> int:
     """The command's exit code: the worst of the sessions' (0 when there are none)."""
     return worst(r.exit_code for r in results)
 
@@ -227,7 +206,7 @@ def compact(
     *,
     session: str | None = None,
     progress: Callable[[int], None] | None = None,
-) -> list[CompactResult]:
+) -> list[CompactReport]:
     """Rewrite each session of a Zstd store (or just ``session``) into large frames,
     under its writer lock, atomically (see ``ZstdStore.compact``). A damaged session is
     "refused", an owned one "locked"; a store of another backend is an "error" result.
@@ -243,24 +222,16 @@ def compact(
         ids = [session] if session is not None else store.sessions()
         rewrite = getattr(store, "compact", None)
         if rewrite is None:
-            return [CompactResult(sid, "error", reason=f"{store.url}: this backend has no frames to compact")
+            return [CompactReport(sid, None, "error", reason=f"{store.url}: this backend has no frames to compact")
                     for sid in ids]
         results = []
         for sid in ids:
             try:
-                report = rewrite(sid, progress=progress)
+                results.append(rewrite(sid, progress=progress))
             except SessionNotFound:
                 raise
             except SessionLogError as exc:
-                results.append(CompactResult(sid, "error", reason=str(exc)))
-                continue
-            damage = report.damage
-            results.append(CompactResult(
-                sid, report.status, reason=report.reason, bytes_before=report.bytes_before,
-                bytes_after=report.bytes_after, frames_before=report.frames_before,
-                frames_after=report.frames_after, content_bytes=report.content_bytes,
-                needs_force=bool(damage is not None and damage.kind.needs_force),
-            ))
+                results.append(CompactReport(sid, None, "error", reason=str(exc)))
         return results
     finally:
         store.close()
