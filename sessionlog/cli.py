@@ -240,10 +240,9 @@ def _print_repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: boo
 # --- show ------------------------------------------------------------------------------
 
 
-def repaired_view(store: EventStore, sid: str) -> Iterator[Any]:
+def repaired_view(store: EventStore, sid: str, plan: RepairReport) -> Iterator[Any]:
     """The session as repair would leave it, without writing: the durable prefix, then
-    what repair would append (with force: the view of the prefix)."""
-    plan = store.repair(sid, force=True, dry_run=True)
+    what the repair ``plan`` (a forced dry run) would append."""
     yield from store.read(sid)
     if plan.status == "repaired":
         yield from plan.appended
@@ -256,11 +255,12 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         if len(ids) != 1:
             raise UsageError(f"{args.target}: show needs exactly one session (found {len(ids)}); use --session ID")
         sid = ids[0]
-        scan = store.scan(sid)
-        if scan.damage is not None and scan.damage.kind.needs_force:
-            print(f"warning: {sid}: {scan.damage.kind} at offset {scan.damage.offset}; showing the prefix before it",
+        plan = store.repair(sid, force=True, dry_run=True)  # one scan: damage and what repair appends
+        damage = plan.damage
+        if damage is not None and damage.kind.needs_force:
+            print(f"warning: {sid}: {damage.kind} at offset {damage.offset}; showing the prefix before it",
                   file=sys.stderr)
-        records = repaired_view(store, sid)
+        records = repaired_view(store, sid, plan)
         if args.format == "events":
             for record in records:
                 out.write(record.raw.decode("utf-8") + "\n")
