@@ -39,6 +39,7 @@ from sessionlog.durable import (
     FileSystem,
     durable_append,
     durable_truncate,
+    ensure_name_durable,
     ensure_store_dir,
     fsync_dir,
     lock_is_held,
@@ -181,6 +182,13 @@ class FileSession:
             self._file = (st.st_dev, st.st_ino)
             self._ino, self._end = st.st_ino, st.st_size
             check_not_poisoned(self._file, self.path)
+            try:
+                # Before the first append through this process is acknowledged, the
+                # file's name must survive power loss too (its create may have died
+                # before the directory fsync).
+                ensure_name_durable(fs, self.store.directory, self._file)
+            except OSError as exc:
+                raise _io_error(exc, self.store.directory, "making the session's name durable") from exc
             cached = self.store._tails.get(self.session_id)
             if cached is not None and cached[0] == _identity(st):
                 # This store wrote or validated exactly this file state under the lock.
@@ -683,6 +691,7 @@ class FileStore:
         try:
             st = fs.fstat(fd)
             check_not_poisoned((st.st_dev, st.st_ino), path)
+            ensure_name_durable(fs, self.directory, (st.st_dev, st.st_ino))
             self._tails.pop(session_id, None)
             end = scan.stable_offset
             if damage is not None:

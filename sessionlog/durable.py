@@ -17,22 +17,48 @@ import sys
 import time
 from collections.abc import Iterable
 
+import filelock
+
 from .contract import AppendFailed, SessionLocked, SessionLogError
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 PROBE_GRACE = 0.05
 """Seconds a lock attempt keeps trying even with timeout 0: a scan's ownership probe
 holds a shared lock for microseconds and must not make a writer fail."""
+LOCK_POLL = 0.005
+"""Seconds between two attempts at a lock another process holds."""
+
+
+class NotARegularFile(OSError):
+    """A FIFO, device, socket or directory where a session, lock or quarantine file
+    belongs: refused at open, before any byte is read (reading a FIFO would hang)."""
 
 
 class FileSystem:
     """The seam: thin wrappers over ``os``. Subclass to inject faults."""
 
     def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
-        return os.open(path, flags | O_CLOEXEC, mode)
+        """Open ``path``; unless ``flags`` asks for a directory, only a regular file:
+        never through a symlink (O_NOFOLLOW), never blocking on a FIFO or device
+        (O_NONBLOCK; it changes nothing for a regular file), and anything else is
+        refused with :class:`NotARegularFile` naming the path before it is read."""
+        if flags & O_DIRECTORY:
+            return os.open(path, flags | O_CLOEXEC, mode)
+        fd = os.open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode)
+        try:
+            kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        if kind != stat.S_IFREG:
+            os.close(fd)
+            raise NotARegularFile(errno.EINVAL, f"not a regular file ({_FILE_KINDS.get(kind, 'special file')})", path)
+        return fd
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -82,17 +108,59 @@ class FileSystem:
     def flock(self, fd: int, operation: int) -> None:
         fcntl.flock(fd, operation)
 
+    def lock_descriptor(self, fd: int, *, blocking: bool) -> bool:
+        """Take the exclusive lock on ``fd`` (filelock's primitive on a descriptor this
+        seam opened); with ``blocking=False``, False when another process holds it."""
+        return filelock.lock_descriptor(fd, blocking=blocking, poll_interval=LOCK_POLL)
+
+    def unlock_descriptor(self, fd: int) -> None:
+        filelock.unlock_descriptor(fd)
+
 
 OS = FileSystem()
+
+_FILE_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
 
 
 def fsync_dir(fs: FileSystem, directory: str) -> None:
     """After this, entries created, linked or unlinked in ``directory`` survive power loss."""
-    fd = fs.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = fs.open(directory, os.O_RDONLY | O_DIRECTORY)
     try:
         fs.fsync(fd)
     finally:
         fs.close(fd)
+
+
+# Files whose name this process has made durable (published, or fsynced its directory
+# after opening it): (st_dev, st_ino). Reset in a forked child, which is a new process.
+_DURABLE_NAMES: set[tuple[int, int]] = set()
+_DURABLE_NAMES_PID = os.getpid()
+
+
+def _durable_names() -> set[tuple[int, int]]:
+    global _DURABLE_NAMES_PID
+    if os.getpid() != _DURABLE_NAMES_PID:
+        _DURABLE_NAMES.clear()
+        _DURABLE_NAMES_PID = os.getpid()
+    return _DURABLE_NAMES
+
+
+def ensure_name_durable(fs: FileSystem, directory: str, file: tuple[int, int]) -> None:
+    """Make the name of the open file ``file`` (its ``(st_dev, st_ino)``) in ``directory``
+    durable, once per process: a ``create`` that died after ``link()`` and before its
+    directory fsync left a name that power loss may still take away, and an append
+    acknowledged into that file would go with it."""
+    names = _durable_names()
+    if file in names:
+        return
+    fsync_dir(fs, directory)  # after this the file's name survives power loss
+    names.add(file)
 
 
 def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
@@ -140,9 +208,11 @@ def publish_new(fs: FileSystem, directory: str, final_name: str, chunks: Iterabl
         finally:
             fs.close(fd)
         fs.link(tmp, final)
-        if fs.stat(final).st_ino != tmp_ino:  # pragma: no cover - a racing replacement
+        st = fs.stat(final)
+        if st.st_ino != tmp_ino:  # pragma: no cover - a racing replacement
             raise OSError(errno.EEXIST, "published name is not the temp file", final)
         fsync_dir(fs, directory)  # the final name survives power loss
+        _durable_names().add((st.st_dev, st.st_ino))
     finally:
         try:
             fs.unlink(tmp)
@@ -229,8 +299,9 @@ def sweep_temps(fs: FileSystem, directory: str) -> None:
 
 
 class FileLock:
-    """An exclusive ``flock`` on a lock file that is created 0600 with O_NOFOLLOW and
-    never unlinked. One lock per instance; not usable after ``fork``."""
+    """An exclusive lock on a lock file that is created 0600 with O_NOFOLLOW and never
+    unlinked, taken with filelock's ``lock_descriptor`` on the descriptor the seam opened
+    (``flock`` on Linux). One lock per instance; not usable after ``fork``."""
 
     def __init__(self, fs: FileSystem, path: str) -> None:
         self.fs = fs
@@ -238,35 +309,42 @@ class FileLock:
         self.fd: int | None = None
         self._pid = os.getpid()
 
-    def acquire(self, timeout: float = 0.0) -> None:
-        """Take the lock, waiting up to ``timeout`` seconds (never less than a short grace
-        that outlasts a scanner's probe); SessionLocked if it stays held. OSError from
-        opening the lock file propagates to the caller, which names the operation."""
+    def acquire(self, timeout: float | None = 0.0) -> None:
+        """Take the lock, waiting up to ``timeout`` seconds (None: as long as it takes;
+        never less than a short grace that outlasts a scanner's probe); SessionLocked if
+        it stays held. OSError from opening the lock file (NotARegularFile for a FIFO or
+        device planted there) propagates to the caller, which names the operation."""
         if self.fd is not None:
             raise SessionLogError(f"{self.path}: lock already held by this handle")
         fd = self.fs.open(self.path, os.O_RDWR | os.O_CREAT | O_NOFOLLOW, FILE_MODE)
-        deadline = time.monotonic() + max(timeout, PROBE_GRACE)
-        delay = 0.001
-        while True:
-            try:
-                self.fs.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    self.fs.close(fd)
-                    raise SessionLocked(f"{self.path}: another writer owns this session") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-            except BaseException:
-                self.fs.close(fd)
-                raise
+        try:
+            if timeout is None:
+                self.fs.lock_descriptor(fd, blocking=True)
+            else:
+                # filelock's descriptor lock either blocks without a deadline or tries
+                # once: a bounded wait is attempts until the deadline.
+                deadline = time.monotonic() + max(timeout, PROBE_GRACE)
+                while not self.fs.lock_descriptor(fd, blocking=False):
+                    if time.monotonic() >= deadline:
+                        raise SessionLocked(f"{self.path}: another writer owns this session")
+                    time.sleep(LOCK_POLL)
+        except BaseException:
+            self.fs.close(fd)
+            raise
         self.fd = fd
         self._pid = os.getpid()
 
     def release(self) -> None:
+        """Drop the lock (in the process that took it only: a forked child sharing the
+        descriptor must not release its parent's lock) and close the descriptor."""
         fd, self.fd = self.fd, None
         if fd is not None and os.getpid() == self._pid:
-            self.fs.close(fd)  # closing the descriptor drops the flock
+            try:
+                self.fs.unlock_descriptor(fd)
+            except OSError:
+                pass  # closing the descriptor below drops the lock all the same
+            finally:
+                self.fs.close(fd)
 
     @property
     def held(self) -> bool:
@@ -274,7 +352,9 @@ class FileLock:
 
 
 def lock_is_held(fs: FileSystem, path: str) -> bool:
-    """True when some process holds the flock on ``path``. Never creates the file."""
+    """True when some process holds the lock on ``path``: a shared ``flock`` probe, which
+    filelock's descriptor API has no call for (its exclusive lock is ``flock`` too, so
+    the two contend). Never creates the file; NotARegularFile for a FIFO or device."""
     try:
         fd = fs.open(path, os.O_RDONLY | O_NOFOLLOW)
     except FileNotFoundError:

@@ -461,3 +461,166 @@ def test_a_reader_does_not_start_over_on_a_damaged_file_that_did_not_move(tmp_pa
     with open(tmp_path / "st" / "s.jsonl", "ab") as f:
         f.write(b'{"seq":3,"ts":1,"ty')
     assert [r.seq for r in store.read("s")] == [1, 2]
+
+
+class Journal(FileSystem):
+    """Records directory fsyncs and data syncs, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self._dirs: set[int] = set()
+
+    def open(self, path, flags, mode=0o600):
+        fd = super().open(path, flags, mode)
+        if flags & os.O_DIRECTORY:
+            self._dirs.add(fd)
+        else:
+            self._dirs.discard(fd)
+        return fd
+
+    def fsync(self, fd):
+        self.log.append("dir" if fd in self._dirs else "file")
+        super().fsync(fd)
+
+    def fdatasync(self, fd):
+        self.log.append("data")
+        super().fdatasync(fd)
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_a_session_name_left_undurable_is_made_durable_before_the_first_ack(tmp_path, scheme):
+    # A create in another process linked the name and died before its directory fsync:
+    # modeled by a copy, whose name this process never made durable.
+    other = sessionlog.open_store(f"{scheme}:{tmp_path / 'other'}")
+    other.create("s1")
+    name = other.file_name("s1")
+    os.mkdir(tmp_path / "st", 0o700)
+    shutil.copy(tmp_path / "other" / name, tmp_path / "st" / name)
+    fs = Journal()
+    store = sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}", fs=fs)
+    fs.log.clear()
+    store.append("s1", [{"type": "x"}])
+    assert "dir" in fs.log and fs.log.index("dir") < fs.log.index("data")
+    # Once per process: later handles and appends do not fsync the directory again.
+    fs.log.clear()
+    with store.session("s1") as s:
+        s.append([{"type": "y"}])
+    store.append("s1", [{"type": "z"}])
+    assert "dir" not in fs.log and fs.log.count("data") == 2
+
+
+def test_a_repair_makes_an_undurable_name_durable_before_it_writes(tmp_path):
+    os.mkdir(tmp_path / "st", 0o700)
+    shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), tmp_path / "st" / "torn.jsonl")
+    fs = Journal()
+    store = open_jsonl(str(tmp_path / "st"), fs=fs)
+    fs.log.clear()
+    assert store.repair("torn").status == "repaired"
+    # the log's name first, then the quarantine's publish (file, dir), the cut, the batch
+    assert fs.log[:3] == ["dir", "file", "dir"] and fs.log[-1] == "data"
+
+
+def _fifo_cases(store):
+    return {
+        "scan": lambda: store.scan("s"),
+        "read": lambda: list(store.read("s")),
+        "session": lambda: store.session("s"),
+        "append": lambda: store.append("s", [{"type": "x"}]),
+        "repair": lambda: store.repair("s"),
+        "dry-run": lambda: store.repair("s", dry_run=True),
+    }
+
+
+def _outcome(call, timeout=10.0):
+    """What ``call`` raised, run in a thread that a hang cannot take down with the test."""
+    import threading
+
+    box: list[BaseException | None] = []
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            box.append(exc)
+        else:
+            box.append(None)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "hung on a FIFO"
+    return box[0]
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+@pytest.mark.parametrize("where", ["log", "lock"])
+def test_a_fifo_planted_at_a_session_or_lock_path_is_refused_without_hanging(tmp_path, scheme, where):
+    store = sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}")
+    store.create("s")
+    path = store.path_of("s") if where == "log" else store.lock_path_of("s")
+    if os.path.exists(path):
+        os.unlink(path)
+    os.mkfifo(path, 0o600)
+    for what, call in _fifo_cases(store).items():
+        exc = _outcome(call)
+        if what == "read" and where == "lock":
+            assert exc is None  # a reader never looks at the lock
+            continue
+        assert isinstance(exc, sessionlog.IOFailure), (what, exc)
+        assert path in str(exc) and "FIFO" in str(exc), (what, str(exc))
+        assert isinstance(exc.__cause__, OSError)
+    assert os.path.exists(path) and not os.path.isfile(path)  # nothing replaced it
+
+
+def test_cli_scan_of_a_fifo_exits_4_naming_it(tmp_path):
+    import subprocess
+    import sys
+
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s")
+    os.unlink(store.path_of("s"))
+    os.mkfifo(store.path_of("s"), 0o600)
+    for command in ("scan", "repair"):
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys; from sessionlog.cli import main; sys.exit(main())",
+             command, "--json", str(tmp_path / "st")],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 4, (command, done.stdout, done.stderr)
+        assert "s.jsonl" in done.stdout + done.stderr and "FIFO" in done.stdout + done.stderr
+
+
+class NoLocks(FileSystem):
+    def lock_descriptor(self, fd, *, blocking):
+        raise OSError(errno.ENOLCK, "injected: no locks available")
+
+
+def test_the_lock_is_taken_through_the_seam(tmp_path):
+    store = open_jsonl(str(tmp_path / "st"), fs=NoLocks())
+    store.create("s")
+    with pytest.raises(sessionlog.IOFailure) as info:
+        store.session("s")
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOLCK
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(sessionlog.IOFailure):
+        store.append("s", [{"type": "x"}])
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the lock file's descriptor was closed
+
+
+def test_a_lock_wait_ends_at_its_timeout_or_when_the_owner_leaves(tmp_path):
+    import threading
+    import time
+
+    store = open_jsonl(str(tmp_path / "st"))
+    store.create("s")
+    owner = store.session("s")
+    start = time.monotonic()
+    with pytest.raises(sessionlog.SessionLocked):
+        store.session("s", timeout=0.2)
+    assert time.monotonic() - start >= 0.2
+    threading.Timer(0.1, owner.close).start()
+    with store.session("s", timeout=None) as s:  # no deadline: waits for the owner
+        assert s.append([{"type": "x"}]) == 2
+    threading.Timer(0.1, store.session("s").close).start()
+    with store.session("s", timeout=30) as s:
+        assert s.append([{"type": "y"}]) == 3
