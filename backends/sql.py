@@ -34,6 +34,9 @@ Guarantees (DESIGN.md section 4):
   (``atomic_batches = True``). Serialization, deadlock, busy and unique-violation errors
   are retried inside the store; an error during COMMIT is ``AppendFailed`` with
   ``outcome_unknown=True`` and is never retried.
+- Group commit across sessions: :meth:`SqlStore.append_group` appends batches of several
+  owned sessions in one transaction (one commit, one WAL sync), all or nothing; an error
+  caused by one batch names it (``group_index``).
 - Connections that would weaken durability are refused (:class:`DurabilityRefused`).
 - A writer owns a session through ``store.session()``: on PostgreSQL a session-level
   advisory lock keyed by the session id, on SQLite the file backends' ``flock`` on
@@ -57,12 +60,13 @@ Guarantees (DESIGN.md section 4):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,9 +110,11 @@ from .sql_engines import (
     SCHEMA_LOCK_KEY,
     DurabilityRefused,
     EngineKind,
+    GroupBatch,
     PostgresKind,
     SqliteKind,
     _quiet,
+    blame,
     driver_error,
 )
 from .sql_schema import build_schema, check_store, check_version
@@ -472,7 +478,9 @@ class SqlStore:
     def _where(self, session_id: str) -> str:
         return f"{self.display_url} session {session_id!r}"
 
-    def _connect(self) -> sa.Connection:
+    def _connect(self, *, raw: bool = False) -> Any:
+        """A pooled connection (``raw``: the pool's DBAPI connection proxy, for driver-level
+        work). IOFailure when none can be made."""
         if self._closed:
             raise StoreClosed(f"{self.display_url}: store is closed")
         if os.getpid() != self._pid:
@@ -480,13 +488,15 @@ class SqlStore:
             self.engine.dispose(close=False)
             self._pid = os.getpid()
         try:
-            return self.engine.connect()
+            return self.engine.raw_connection() if raw else self.engine.connect()
         except SessionLogError:
             raise
-        except sa.exc.SQLAlchemyError as exc:
+        except Exception as exc:
             cause = driver_error(exc)
             if isinstance(cause, SessionLogError):
                 raise cause from None
+            if not isinstance(exc, sa.exc.SQLAlchemyError) and not _is_driver_error(exc):
+                raise
             hint = ""
             # psycopg reports a refused connection without its SQLSTATE: match the text too.
             if getattr(cause, "sqlstate", None) == TOO_MANY_CONNECTIONS or _TOO_MANY.search(str(cause)):
@@ -688,6 +698,103 @@ class SqlStore:
         batch = events_list(events)
         with self.session(session_id, timeout=self.lock_timeout) as handle:
             return handle.append(batch, expect_seq=expect_seq)
+
+    def append_group(self, items: Sequence[GroupItem]) -> list[int]:
+        """Append the batches of several open session handles in ONE transaction (one
+        commit, one WAL sync: group commit across sessions); returns each batch's last seq,
+        in the order of ``items``.
+
+        ``items`` are ``(handle, events)`` or ``(handle, events, expect_seq)`` with
+        ``handle`` an open :class:`SqlSession` of this store; each session keeps its own
+        seqs, its ownership and its ``expect_seq`` check. A handle may appear more than
+        once (its batches follow each other in item order). Durable on return.
+
+        All or nothing: if any batch is refused before the commit, nothing is written and
+        the error names the batch with ``group_index`` (its position in ``items``), so the
+        caller can append the others again without it: InvalidEvent (an event over the
+        limits, or an item that is not an open handle of this store: checked before any
+        write), StoreClosed (a closed or failed handle), SequenceConflict, SessionNotFound.
+        AppendFailed when the group was rolled back (no ``group_index``; every handle of
+        the group is then closed for appends) or, with ``outcome_unknown=True``, when the
+        error came during COMMIT: then any of the batches may be durable, read the tails
+        before appending them again."""
+        self._check_writable("append_group")
+        if self._closed:
+            raise StoreClosed(f"{self.display_url}: store is closed")
+        handles: list[SqlSession] = []
+        batches: list[GroupBatch] = []
+        for index, item in enumerate(items):
+            handle, events, expect_seq = _group_item(item, index)
+            if not isinstance(handle, SqlSession) or handle.store is not self:
+                raise blame(InvalidEvent(
+                    f"{self.display_url}: group item {index} is not a session handle of this store"
+                ), index)
+            handles.append(handle)
+            batches.append(GroupBatch(handle.session_id, [], 0, expect_seq, _encoder(self, events, index), index))
+        if not batches:
+            return []
+        owners = sorted({id(h): h for h in handles}.values(), key=id)
+        with contextlib.ExitStack() as held:
+            for handle in owners:  # in one order: two groups never wait on each other
+                held.enter_context(handle._mutex)
+            for batch, handle in zip(batches, handles, strict=True):
+                try:
+                    handle._check_usable()
+                except SessionLogError as exc:
+                    raise blame(exc, batch.index) from None
+            assumed: dict[int, int] = {}
+            for batch, handle in zip(batches, handles, strict=True):
+                last = assumed.get(id(handle), handle._last_seq) if batch.expect_seq is None else batch.expect_seq
+                batch.assumed_last = last
+                batch.lines = batch.encode(last + 1)
+                assumed[id(handle)] = last + len(batch.lines)
+            kind = self.kind
+            attempt = 0
+            while True:
+                try:
+                    with self._borrowed() as cur:
+                        kind.append_group_once(cur, batches)
+                    break
+                except AppendFailed as exc:
+                    for handle in owners:
+                        handle._failed = str(exc)
+                    raise
+                except (SequenceConflict, SessionNotFound, InvalidEvent):
+                    raise
+                except BaseException as exc:
+                    attempt += 1
+                    if isinstance(exc, IOFailure):
+                        raise  # no connection to be had: nothing was written
+                    if isinstance(exc, Exception) and attempt < MAX_ATTEMPTS and kind.retryable(exc):
+                        time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                        continue
+                    failure = AppendFailed(
+                        f"{self.display_url}: a group of {len(batches)} batches failed and was rolled back "
+                        f"(after {attempt} attempt(s)): {driver_error(exc)!r}"
+                    )
+                    for handle in owners:
+                        handle._failed = str(failure)
+                    raise failure from exc
+            for batch, handle in zip(batches, handles, strict=True):
+                handle._last_seq = batch.last
+        return [batch.last for batch in batches]
+
+    @contextmanager
+    def _borrowed(self) -> Iterator[Any]:
+        """A driver cursor on a pooled connection, for one write transaction at driver
+        level; the connection goes back to the pool afterwards (the pool's reset rolls
+        back, and drops a connection that broke). Driver errors pass through raw."""
+        raw = self._connect(raw=True)
+        try:
+            dbapi = raw.driver_connection
+            self.kind.prepare_pooled(dbapi)
+            cur = dbapi.cursor()
+            try:
+                yield cur
+            finally:
+                _quiet(cur.close)
+        finally:
+            _quiet(raw.close)
 
     def _check_tail(self, conn: sa.Connection, session_id: str) -> int:
         """Under the ownership lock: the header, the last row and the row count agree;
@@ -983,6 +1090,47 @@ class SqlStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+GroupItem = tuple[SqlSession, Sequence[Mapping[str, Any]]] | tuple[SqlSession, Sequence[Mapping[str, Any]], int | None]
+"""One batch of :meth:`SqlStore.append_group`: ``(handle, events)`` or ``(handle, events, expect_seq)``."""
+
+
+def _group_item(item: Any, index: int) -> tuple[Any, list[Mapping[str, Any]], int | None]:
+    try:
+        if len(item) == 2:
+            handle, events = item
+            expect_seq = None
+        else:
+            handle, events, expect_seq = item
+        batch = events if type(events) is list else events_list(events)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, SessionLogError):
+            raise blame(exc, index) from None
+        raise blame(InvalidEvent(
+            f"group item {index}: expected (handle, events) or (handle, events, expect_seq)"
+        ), index) from None
+    if expect_seq is not None and type(expect_seq) is not int:
+        raise blame(InvalidEvent(f"group item {index}: expect_seq must be an int or None"), index)
+    return handle, batch, expect_seq
+
+
+def _encoder(store: SqlStore, events: list[Mapping[str, Any]], index: int) -> Callable[[int], list[bytes]]:
+    """Encodes one group batch from a first seq; InvalidEvent is blamed on the batch."""
+
+    def encode(first_seq: int) -> list[bytes]:
+        try:
+            return store.encode_batch(events, first_seq)
+        except InvalidEvent as exc:
+            raise blame(exc, index) from None
+
+    return encode
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    """True for an error raised by a database driver itself (the pool's raw connections
+    do not wrap them)."""
+    return type(exc).__module__.partition(".")[0] in ("sqlite3", "psycopg", "_sqlite3")
 
 
 def open_url(url: str, **options: Any) -> SqlStore:

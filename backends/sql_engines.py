@@ -18,6 +18,7 @@ import sqlite3
 import sys
 import urllib.parse
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from itertools import count, repeat
 from typing import Any, Protocol
 
@@ -39,6 +40,45 @@ from .sql_schema import Schema
 
 Encode = Callable[[int], list[bytes]]
 """Encodes the batch being appended with seqs from the given first seq."""
+
+
+@dataclass(slots=True)
+class GroupBatch:
+    """One session's batch in a group commit (:meth:`EngineKind.append_group_once`).
+
+    ``lines`` were encoded for ``assumed_last + 1``; ``index`` is the batch's position in
+    the caller's group (set as ``group_index`` on an error this batch caused); ``last``
+    is the seq of its last record once the group is written."""
+
+    session_id: str
+    lines: list[bytes]
+    assumed_last: int
+    expect_seq: int | None
+    encode: Encode
+    index: int
+    last: int = 0
+
+
+def blame(exc: BaseException, index: int) -> BaseException:
+    """Mark ``exc`` as caused by batch ``index`` of a group commit (``group_index``)."""
+    exc.group_index = index  # type: ignore[attr-defined]
+    return exc
+
+
+def place_batch(batch: GroupBatch, tails: dict[str, int], where: str) -> list[bytes]:
+    """Inside a group's transaction: check ``batch`` against its session's tail (read or
+    advanced by an earlier batch of the group), give it its seqs and advance the tail.
+    Returns its lines, re-encoded when the tail is not where they assumed. Raises
+    SequenceConflict (blamed on the batch)."""
+    last = tails[batch.session_id]
+    if batch.expect_seq is not None and last != batch.expect_seq:
+        raise blame(SequenceConflict(
+            f"{where}: session {batch.session_id!r}: expected last seq {batch.expect_seq}, found {last}",
+            expected=batch.expect_seq, found=last,
+        ), batch.index)
+    lines = batch.lines if last == batch.assumed_last else batch.encode(last + 1)
+    batch.last = tails[batch.session_id] = last + len(lines)
+    return lines
 
 
 class Ownership(Protocol):
@@ -130,9 +170,19 @@ class EngineKind:
         (the transaction was rolled back)."""
         raise NotImplementedError
 
+    def append_group_once(self, cur: Any, batches: list[GroupBatch]) -> None:
+        """One transaction (one commit) appending every batch of ``batches``, in order;
+        sets each batch's ``last``. Nothing is committed unless every batch fits its
+        session's tail. Raises as :meth:`append_once`; an error caused by one batch
+        (SequenceConflict, SessionNotFound) carries its ``group_index``."""
+        raise NotImplementedError
+
     def read_tail(self, cur: Any, session_id: str) -> int:
         """The session's last seq, read in its own short transaction."""
         raise NotImplementedError
+
+    def prepare_pooled(self, dbapi: Any) -> None:
+        """Set a pooled driver connection up for a driver-level write transaction."""
 
     def prepare_handle(self, dbapi: Any) -> tuple[Any, Callable[[], None]]:
         """Set a handle's driver connection up for the hot path: the cursor its appends
@@ -304,6 +354,31 @@ class SqliteKind(EngineKind):
             raise _commit_failed(self.where, session_id, exc) from exc
         return last + len(lines)
 
+    def append_group_once(self, cur: sqlite3.Cursor, batches: list[GroupBatch]) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            tails: dict[str, int] = {}
+            rows: list[tuple[str, int, bytes]] = []
+            for batch in batches:
+                sid = batch.session_id
+                if sid not in tails:
+                    row = cur.execute(self.sql_tail, (sid,)).fetchone()
+                    if row is None:
+                        raise blame(SessionNotFound(f"{self.where}: session {sid!r} was deleted"), batch.index)
+                    tails[sid] = row[0]
+                first = tails[sid] + 1
+                rows.extend(zip(repeat(sid), count(first), place_batch(batch, tails, self.where)))
+            cur.executemany(self.sql_insert, rows)
+        except BaseException:
+            _quiet(cur.connection.rollback)
+            raise
+        try:
+            # After this returns every batch of the group is in the synced WAL.
+            cur.execute("COMMIT")
+        except BaseException as exc:
+            _quiet(cur.connection.rollback)
+            raise _group_commit_failed(self.where, batches, exc) from exc
+
     def read_tail(self, cur: sqlite3.Cursor, session_id: str) -> int:
         row = cur.execute(self.sql_tail, (session_id,)).fetchone()
         if row is None:
@@ -380,6 +455,18 @@ class PostgresKind(EngineKind):
             f"INSERT INTO {records} (session_id, seq, record) "
             f"SELECT %s, u.s, u.r FROM unnest(%s::bigint[], %b::bytea[]) AS u(s, r) "
             f"WHERE (SELECT max(seq) FROM {records} WHERE session_id = %s) = %s"
+        )
+        # A group commit: lock the sessions' rows in one order (no deadlock between two
+        # groups), then read their tails in a statement that sees what committed before.
+        self.sql_lock_rows = (
+            f"SELECT session_id FROM {sessions} WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE"
+        )
+        self.sql_tails = (
+            f"SELECT u.s, (SELECT max(seq) FROM {records} WHERE session_id = u.s) FROM unnest(%s::text[]) AS u(s)"
+        )
+        self.sql_insert_rows = (
+            f"INSERT INTO {records} (session_id, seq, record) "
+            f"SELECT * FROM unnest(%s::text[], %s::bigint[], %b::bytea[])"
         )
 
     def _on_connect(self, dbapi: Any, record: object) -> None:
@@ -464,6 +551,48 @@ class PostgresKind(EngineKind):
             _quiet(dbapi.rollback)
             raise _commit_failed(self.where, session_id, exc) from exc
         return last + n
+
+    def append_group_once(self, cur: Any, batches: list[GroupBatch]) -> None:
+        dbapi = cur.connection
+        sids = sorted({b.session_id for b in batches})
+        try:
+            cur.execute(self.sql_lock_rows, (sids,))
+            locked = {row[0] for row in cur.fetchall()}
+            for batch in batches:
+                if batch.session_id not in locked:
+                    raise blame(
+                        SessionNotFound(f"{self.where}: session {batch.session_id!r} was deleted"), batch.index
+                    )
+            cur.execute(self.sql_tails, (sids,))
+            tails = {sid: int(last or 0) for sid, last in cur.fetchall()}
+            col_sid: list[str] = []
+            col_seq: list[int] = []
+            col_rec: list[bytes] = []
+            for batch in batches:
+                first = tails[batch.session_id] + 1
+                lines = place_batch(batch, tails, self.where)
+                col_sid.extend(repeat(batch.session_id, len(lines)))
+                col_seq.extend(range(first, first + len(lines)))
+                col_rec.extend(lines)
+            if col_rec:
+                cur.execute(self.sql_insert_rows, (col_sid, col_seq, col_rec))
+        except BaseException:
+            _quiet(dbapi.rollback)
+            raise
+        try:
+            # After this returns every batch of the group is in the synced WAL of the server.
+            dbapi.commit()
+        except BaseException as exc:
+            _quiet(dbapi.rollback)
+            raise _group_commit_failed(self.where, batches, exc) from exc
+
+    def prepare_pooled(self, dbapi: Any) -> None:
+        # As for a handle: each statement sees what committed before it.
+        import psycopg
+
+        if dbapi.isolation_level != psycopg.IsolationLevel.READ_COMMITTED:
+            dbapi.rollback()
+            dbapi.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
     def prepare_handle(self, dbapi: Any) -> tuple[Any, Callable[[], None]]:
         # The append protocol needs each statement to see what committed before it (the
@@ -551,5 +680,16 @@ def _commit_failed(where: str, session_id: str, exc: BaseException) -> AppendFai
     return AppendFailed(
         f"{where}: session {session_id!r}: the commit failed ({driver_error(exc)!r}); the batch may "
         "or may not be durable: read the session's tail before appending it again",
+        outcome_unknown=True,
+    )
+
+
+def _group_commit_failed(where: str, batches: list[GroupBatch], exc: BaseException) -> AppendFailed:
+    sids = sorted({b.session_id for b in batches})
+    shown = ", ".join(map(repr, sids[:5])) + (f" and {len(sids) - 5} more" if len(sids) > 5 else "")
+    return AppendFailed(
+        f"{where}: the commit of a group of {len(batches)} batches (sessions {shown}) failed "
+        f"({driver_error(exc)!r}); each batch may or may not be durable: read the sessions' tails "
+        "before appending them again",
         outcome_unknown=True,
     )

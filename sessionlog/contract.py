@@ -19,7 +19,10 @@ from .events import Record
 
 
 class SessionLogError(Exception):
-    """Base of every error the engine raises."""
+    """Base of every error the engine raises.
+
+    An error caused by one batch of a group commit (``append_group`` on the SQL stores)
+    carries ``group_index``, the batch's position in the group."""
 
 
 class InvalidSessionId(SessionLogError, ValueError):
