@@ -542,6 +542,7 @@ class FileStore:
         fd = self.open_read(session_id)
         tracker = PendingCalls()
         named: set[str] = set()
+        record = None
         try:
             scanner = self.framing.scan(
                 fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=owned
@@ -559,7 +560,8 @@ class FileStore:
         unmarked = [q for q in self.quarantines(session_id) if q not in named]
         result = ScanResult.of_prefix(
             session_id, path, scanner, tracker, stable_offset=scanner.stable_offset, owned=owned,
-            unmarked_quarantines=unmarked, load=lambda: list(self.read(session_id)),
+            unmarked_quarantines=unmarked, load=lambda: self.read(session_id),
+            last_raw=bytes(record.raw) if record is not None else None,
         )
         return result
 

@@ -194,7 +194,9 @@ class MemoryStore:
             unanswered_calls=[c.call_id for c in tracker.unanswered()],
             owned=owned,
             tracker=tracker,
-            _records=records,
+            # Read on access, like every backend: exactly seq 1..last_seq, or CorruptLog.
+            _load=lambda: self.read(session_id),
+            _last_raw=bytes(records[-1].raw),
         )
 
     def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:

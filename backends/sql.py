@@ -879,7 +879,7 @@ class SqlStore:
         scan = ScanResult.of_prefix(
             session_id, None, rows, tracker, stable_offset=rows.count, owned=owned,
             unmarked_quarantines=[q for q in tail.quarantines if q not in named],
-            load=lambda: list(self.read(session_id)),
+            load=lambda: self.read(session_id), last_raw=bytes(record.raw) if rows.count else None,
         )
         return scan, tail
 

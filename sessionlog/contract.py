@@ -220,8 +220,9 @@ class ScanResult:
     skipped_frames: int = 0
     """Zstd skippable frames in the prefix (metadata: not records, not carried by convert)."""
     tracker: Any = field(default=None, repr=False)
-    _load: Callable[[], list[Record]] | None = field(default=None, repr=False)
+    _load: Callable[[], Iterable[Record]] | None = field(default=None, repr=False)
     _records: list[Record] | None = field(default=None, repr=False)
+    _last_raw: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def of_prefix(
@@ -234,11 +235,14 @@ class ScanResult:
         stable_offset: int,
         owned: bool,
         unmarked_quarantines: list[str],
-        load: Callable[[], list[Record]],
+        load: Callable[[], Iterable[Record]],
+        last_raw: bytes | None = None,
     ) -> ScanResult:
         """The result of a scan: ``prefix`` is the scanner (``count``, ``last_seq``,
         ``last_ts``, ``damage``, optional ``skipped_frames``), ``tracker`` the
-        :class:`~sessionlog.transcript.PendingCalls` fed its records."""
+        :class:`~sessionlog.transcript.PendingCalls` fed its records. ``load`` streams
+        the log's records from seq 1 when ``records`` is first read; ``last_raw`` (the
+        bytes of the prefix's last record) lets that read tell a log rewritten since."""
         return cls(
             session=session,
             path=path,
@@ -255,14 +259,48 @@ class ScanResult:
             skipped_frames=getattr(prefix, "skipped_frames", 0),
             tracker=tracker,
             _load=load,
+            _last_raw=last_raw,
         )
 
     @property
     def records(self) -> list[Record]:
-        """The records of the durable prefix, in order (read on first access)."""
+        """Exactly the scanned prefix, seq 1..``last_seq``, in order (read on first access;
+        records appended since are not included). Raises CorruptLog when the log no
+        longer holds that prefix (cut or replaced since the scan); never returns other
+        records."""
         if self._records is None:
-            self._records = self._load() if self._load is not None else []
+            self._records = self._read_prefix() if self._load is not None else []
         return self._records
+
+    def _read_prefix(self) -> list[Record]:
+        assert self._load is not None
+        where = self.path or f"session {self.session!r}"
+        out: list[Record] = []
+        source = self._load()
+        try:
+            for record in source:
+                if record.seq > self.last_seq:
+                    break
+                if record.seq != len(out) + 1:
+                    break
+                out.append(record)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+        if len(out) != self.last_seq:
+            raise CorruptLog(
+                f"{where}: the log changed since the scan: it holds seq 1..{len(out)} of the "
+                f"scanned prefix seq 1..{self.last_seq}; scan again",
+                path=self.path, kind=None,
+            )
+        if self._last_raw is not None and bytes(out[-1].raw) != self._last_raw:
+            raise CorruptLog(
+                f"{where}: the log changed since the scan: record seq {self.last_seq} is not the "
+                "record the scan read; scan again",
+                path=self.path,
+            )
+        return out
 
     @property
     def in_flight(self) -> bool:

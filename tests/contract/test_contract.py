@@ -372,3 +372,41 @@ def test_write_behind_over_every_backend(store):
     records = list(store.read("s1"))
     assert [r["seq"] for r in records] == list(range(1, 23)) and records[-1]["type"] == "last"
     assert store.scan("s1").status == "clean"  # released on close
+
+
+def test_scan_records_are_exactly_the_scanned_prefix(store):
+    store.create("s1", [{"type": "a"}])
+    res = store.scan("s1")
+    store.append("s1", [{"type": "b"}])
+    store.append("s1", [{"type": "c"}, {"type": "d"}])
+    assert [r["seq"] for r in res.records] == [1, 2]
+    assert types(res.records) == ["session/start", "a"]
+    assert res.records is res.records  # read once
+
+
+def test_scan_records_of_a_log_cut_or_replaced_since_raise(store):
+    store.create("s1", [{"type": "a"}, {"type": "b"}])
+    res = store.scan("s1")
+    store.delete("s1")
+    store.create("s1")
+    with pytest.raises(sessionlog.CorruptLog, match="changed since the scan"):
+        res.records
+    # Same length, another last record: still not the scanned prefix.
+    store.append("s1", [{"type": "a"}])
+    res = store.scan("s1")
+    store.delete("s1")
+    store.create("s1", [{"type": "z"}])
+    with pytest.raises(sessionlog.CorruptLog, match="changed since the scan"):
+        res.records
+
+
+def test_scan_records_after_close_never_return_other_records(store_url):
+    store = sessionlog.open_store(store_url)
+    store.create("s1", [{"type": "a"}])
+    read_before = store.scan("s1")
+    assert types(read_before.records) == ["session/start", "a"]
+    unread = store.scan("s1")
+    store.close()
+    assert types(read_before.records) == ["session/start", "a"]
+    with pytest.raises(sessionlog.StoreClosed):
+        unread.records
