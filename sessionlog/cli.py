@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from . import InvalidStoreUrl, exits, open_store
 from .contract import (
+    DamageKind,
     EventStore,
     RepairReport,
     ScanResult,
@@ -113,7 +114,12 @@ def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None)
 
 
 def _row_exit(row: dict[str, Any]) -> int:
-    return _STATUS_EXIT[Status(row["status"])]
+    status = Status(row["status"])
+    if status is Status.OPEN and row["damage"] is not None:
+        # Damage before a live writer's tail is not its doing: the code says what a
+        # repair will need once the writer is gone (the status stays "open").
+        status = DamageKind(row["damage"]["kind"]).status or status
+    return _STATUS_EXIT[status]
 
 
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:

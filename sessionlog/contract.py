@@ -124,6 +124,12 @@ class DamageKind(enum.StrEnum):
         """True when ``repair`` truncates this tail without ``force``."""
         return self in _REPAIRABLE
 
+    @property
+    def status(self) -> Status | None:
+        """What this damage alone makes of a session: needs-force, repairable, or None
+        (a write in flight is not damage)."""
+        return Status.NEEDS_FORCE if self.needs_force else Status.REPAIRABLE if self.repairable else None
+
 
 _REPAIRABLE = frozenset({DamageKind.TORN, DamageKind.ZERO_FILL, DamageKind.CORRUPT})
 _NEEDS_FORCE = frozenset({DamageKind.SEQ_BREAK, DamageKind.MID_LOG})
@@ -318,6 +324,9 @@ class ScanResult:
 
     @property
     def status(self) -> Status:
+        """``open`` while a writer owns the session (its ``damage`` is still reported:
+        damage before the in-flight tail is what a repair will need once the writer is
+        gone; ``damage.kind.status`` says which)."""
         if self.owned:
             return Status.OPEN
         if self.damage is not None:

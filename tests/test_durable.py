@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 
@@ -624,3 +625,32 @@ def test_a_lock_wait_ends_at_its_timeout_or_when_the_owner_leaves(tmp_path):
     threading.Timer(0.1, store.session("s").close).start()
     with store.session("s", timeout=30) as s:
         assert s.append([{"type": "y"}]) == 3
+
+
+@pytest.mark.parametrize(("fixture", "kind", "code"), [("mid-log", "mid-log", 3), ("seq-break", "seq-break", 3),
+                                                      ("corrupt-last", "corrupt", 1), ("healthy", None, 0)])
+def test_damage_before_a_live_writers_tail_is_still_reported(tmp_path, fixture, kind, code):
+    import io
+
+    from sessionlog.cli import main
+    from sessionlog.durable import OS, FileLock
+
+    os.mkdir(tmp_path / "st", 0o700)
+    shutil.copy(os.path.join(FIXTURES, f"{fixture}.jsonl"), tmp_path / "st" / f"{fixture}.jsonl")
+    store = open_jsonl(str(tmp_path / "st"))
+    writer = FileLock(OS, store.lock_path_of(fixture))  # a live writer owns the session
+    writer.acquire()
+    try:
+        with open(tmp_path / "st" / f"{fixture}.jsonl", "ab") as f:
+            f.write(b'{"seq":999,"ts":1.0,"type":"tool/res')  # its write in flight
+        res = store.scan(fixture)
+        assert res.status == "open"
+        assert (res.damage.kind if kind else None) == kind
+        out = io.StringIO()
+        assert main(["scan", "--json", str(tmp_path / "st")], out) == code
+        row = json.loads(out.getvalue())
+        assert row["status"] == "open" and (row["damage"] or {}).get("kind", "in-flight") == (kind or "in-flight")
+        with pytest.raises(sessionlog.SessionLocked):
+            store.repair(fixture, force=True)
+    finally:
+        writer.release()
