@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from sessionlog.contract import CorruptLog, Damage, DamageKind, Failure
+from sessionlog.contract import CorruptLog, Damage, DamageKind, Failure, power_loss_nuls
 from sessionlog.events import Record, RecordError, decode_region
 from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header, tail_damage
 
@@ -374,14 +374,14 @@ class FrameScan:
             frame = stream.get(pos, shape.end - pos)
             content = decompress_frame(frame, shape, flimits)
             if isinstance(content, str):
-                self._fail(pos, "bad", content)
+                self._fail(pos, "bad", content, end=shape.end)
                 return
             records, damage, reason = frame_records(
                 content, expected_seq=self.last_seq + 1, where=self.where, offset=pos, limits=self.limits
             )
             if reason is not None:
                 self._fail(pos, "seq" if damage is not None and damage.kind is DamageKind.SEQ_BREAK else "bad",
-                           reason)
+                           reason, end=shape.end)
                 return
             if self.count == 0 and self.session_id is not None:
                 check_header(records[0], self.session_id, self.where)
@@ -392,17 +392,25 @@ class FrameScan:
             self.last_ts = records[-1].ts
             yield from records
 
-    def _fail(self, offset: int, what: str, reason: str) -> None:
+    def _fail(self, offset: int, what: str, reason: str, end: int | None = None) -> None:
+        """Classify the tail at ``offset``: ``what`` is "torn", "seq" or "bad"; ``end``
+        the damaged frame's end when its headers were whole."""
         if self.count == 0 and self.session_id is not None:
             raise CorruptLog(
                 f"{self.where}: not a session log: no valid first frame at offset {offset} ({reason})",
                 path=self.where, offset=offset,
             )
-        first = self._stream.get(offset, 1)
+        # The damaged frame's bytes (read before the tail walk releases them): to its end
+        # when its headers were whole, else up to the next frame that verifies or EOF,
+        # at most one frame limit. A whole frame with the wrong seq verified: no NULs.
+        unit = self._stream.get(offset, self.frame_limits.frame if end is None else end - offset)
         tail = TailCount(self._stream, offset, self.frame_limits, self.limits)
         tail.run()
+        if end is None and tail.first_frame is not None:
+            unit = unit[: tail.first_frame - offset]
         failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
-        self.damage = tail_damage(offset, first == b"\0", failure, reason, tail, self.limits, owned=self.owned)
+        nul = what != "seq" and power_loss_nuls(unit, offset)
+        self.damage = tail_damage(offset, nul, failure, reason, tail, self.limits, owned=self.owned)
 
 
 class TailCount:
@@ -419,6 +427,7 @@ class TailCount:
         self.first_seq = 0
         self.last_seq = 0
         self.last_end = offset  # end of the last frame with decodable records (offset if none)
+        self.first_frame: int | None = None  # start of the first frame after offset that verifies
 
     def run(self) -> None:
         stream, flimits = self._stream, self._flimits
@@ -445,6 +454,8 @@ class TailCount:
             if isinstance(content, str):
                 pos += 1
                 continue
+            if self.first_frame is None and pos > self._offset:
+                self.first_frame = pos
             found = self._count(content)
             if found:
                 self.last_end = shape.end

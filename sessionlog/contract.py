@@ -145,11 +145,15 @@ class Failure(enum.Enum):
 
 
 def classify_damage(failure: Failure, *, records_after: int, within_reach: bool, owned: bool) -> DamageKind:
-    """The damage table of DESIGN.md section 3, once for every backend.
+    """The damage table (README "Damage and what repair does with it"), once for every
+    backend.
 
-    ``records_after``: records that still decode in the tail; ``within_reach``: they all
-    end within one append (the batch limit) of the stable offset; ``owned``: a writer
-    holds the session, so a record cut short at EOF is a write in flight."""
+    ``failure`` is NUL_RUN when the damaged record or frame holds a power loss's NULs
+    (:func:`power_loss_nuls`), whatever else is wrong with it; ``records_after``:
+    records that still decode in the tail; ``within_reach``: they all end within one
+    append (the batch limit) of the stable offset, so the whole tail can be what one
+    unacknowledged append left; ``owned``: a writer holds the session, so a record cut
+    short at EOF is a write in flight."""
     if failure is Failure.NUL_RUN:
         return DamageKind.ZERO_FILL if within_reach or not records_after else DamageKind.MID_LOG
     if failure is Failure.WRONG_SEQ:
@@ -159,6 +163,34 @@ def classify_damage(failure: Failure, *, records_after: int, within_reach: bool,
     if failure is Failure.CUT_SHORT:
         return DamageKind.IN_FLIGHT if owned else DamageKind.TORN
     return DamageKind.CORRUPT
+
+
+SECTOR = 512
+"""The smallest unit a disk writes: a page the page cache never wrote back reads as
+NULs over whole aligned sectors (a 4 KiB page is eight)."""
+_ZERO_SECTOR = bytes(SECTOR)
+
+
+def power_loss_nuls(unit: bytes, offset: int) -> bool:
+    """True when ``unit``, the damaged record or frame that starts the tail at file
+    offset ``offset``, holds the NULs a power loss inside one append leaves: NULs right
+    where the tail starts (the append's first page never written back), or a NUL run
+    covering a whole aligned sector (a later page of it never written back, whatever
+    landed around it). A flipped byte, even to NUL, is neither."""
+    if unit[:1] == b"\0":
+        return True
+    i = unit.find(_ZERO_SECTOR)
+    if i < 0:
+        return False
+    j = i + (-(offset + i)) % SECTOR  # the first aligned sector at or after the run's start
+    while j + SECTOR <= len(unit):
+        if unit[j:j + SECTOR] == _ZERO_SECTOR:
+            return True
+        i = unit.find(_ZERO_SECTOR, j + 1)
+        if i < 0:
+            return False
+        j = i + (-(offset + i)) % SECTOR
+    return False
 
 
 @dataclass(frozen=True, slots=True)

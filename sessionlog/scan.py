@@ -18,6 +18,7 @@ from .contract import (
     InvalidEvent,
     UnsupportedFormat,
     classify_damage,
+    power_loss_nuls,
 )
 from .events import (
     FORMAT,
@@ -205,7 +206,9 @@ class LineScan:
                 f"{offset} ({reason})",
                 path=self.where, offset=offset,
             )
-        if reason is _OVER_LIMIT and pending[:1] != b"\0":
+        nl = pending.find(b"\n")
+        nul = power_loss_nuls(pending[:nl] if nl >= 0 else pending, offset)
+        if reason is _OVER_LIMIT and not nul:
             raise CorruptLog(
                 f"{self.where}: record at offset {offset} exceeds the record limit of "
                 f"{self.limits.record_limit} bytes",
@@ -214,7 +217,7 @@ class LineScan:
         tail = _TailCount(self._read, pending, offset, self.limits.record_limit)
         tail.run()
         failure = Failure.WRONG_SEQ if decodes else Failure.CUT_SHORT if decodes is None else Failure.UNDECODABLE
-        self.damage = tail_damage(offset, pending[:1] == b"\0", failure, reason, tail, self.limits, owned=self.owned)
+        self.damage = tail_damage(offset, nul, failure, reason, tail, self.limits, owned=self.owned)
 
 
 class TailSummary(Protocol):
@@ -230,12 +233,13 @@ class TailSummary(Protocol):
 def tail_damage(
     offset: int, nul: bool, failure: Failure, reason: str, tail: TailSummary, limits: Limits, *, owned: bool
 ) -> Damage:
-    """The :class:`Damage` of a tail that starts at ``offset`` (with a NUL when ``nul``),
-    for every byte-level scanner: a NUL run is judged by one append's reach."""
+    """The :class:`Damage` of a tail that starts at ``offset`` (whose damaged record or
+    frame holds a power loss's NULs when ``nul``: see ``contract.power_loss_nuls``), for
+    every byte-level scanner: a NUL run is judged by one append's reach."""
     within = tail.last_end - offset <= limits.batch_limit
     if nul:
         failure = Failure.NUL_RUN
-        reason = "NUL bytes at the end of the log" if within else (
+        reason = "NUL bytes in the last append's reach (a power loss inside it)" if within else (
             f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
         )
     return Damage(

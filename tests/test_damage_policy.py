@@ -31,3 +31,143 @@ def test_repair_policy():
     assert {k for k in DamageKind if k.needs_force} == {DamageKind.SEQ_BREAK, DamageKind.MID_LOG}
     assert not DamageKind.IN_FLIGHT.repairable and not DamageKind.IN_FLIGHT.needs_force
     assert [str(k) for k in DamageKind] == ["torn", "zero-fill", "corrupt", "seq-break", "mid-log", "in-flight"]
+
+
+# --- power loss inside one multi-page append ------------------------------------------
+#
+# Page writeback within one unsynced write has no order: any subset of the append's 4 KiB
+# pages may reach the disk (the others read as NULs), and the size update may land short.
+# None of that is acknowledged history, so every such tail is repairable without force and
+# the durable prefix survives byte for byte.
+
+import os  # noqa: E402
+import secrets  # noqa: E402
+import tempfile  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import sessionlog  # noqa: E402
+from sessionlog.contract import power_loss_nuls  # noqa: E402
+
+PAGE = 4096
+EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
+    300 if os.environ.get("SESSIONLOG_SLOW") else 40
+)
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _history(scheme: str) -> tuple[str, bytes, bytes, int]:
+    """A session with some durable history, then one multi-page append; returns the
+    file name, the durable prefix's bytes, the append's bytes and the prefix's last seq."""
+    with tempfile.TemporaryDirectory() as d:
+        store = sessionlog.open_store(f"{scheme}:{d}")
+        store.create("s", [{"type": "note", "text": secrets.token_hex(700)}])
+        last = store.append("s", [{"type": "note", "text": secrets.token_hex(300)}])
+        path = store.path_of("s")
+        with open(path, "rb") as f:
+            prefix = f.read()
+        # Random hex stays a few pages after compression too.
+        store.append("s", [{"type": "note", "i": i, "text": secrets.token_hex(900)} for i in range(24)])
+        with open(path, "rb") as f:
+            whole = f.read()
+    assert len(whole) - len(prefix) > 3 * PAGE
+    return store.file_name("s"), prefix, whole[len(prefix):], last
+
+
+HISTORY = {scheme: _history(scheme) for scheme in ("jsonl", "zstd")}
+
+
+def _pages(start: int, end: int) -> list[tuple[int, int]]:
+    """The append's pages as file ranges: the first starts at the old EOF (the part of
+    its page before that is durable history), the rest are aligned 4 KiB pages."""
+    out, lo = [], start
+    while lo < end:
+        hi = min(end, (lo // PAGE + 1) * PAGE)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+@pytest.mark.parametrize("scheme", sorted(HISTORY))
+@SETTINGS
+@given(data=st.data())
+def test_any_subset_of_a_multi_page_appends_pages_is_repairable(scheme, data):
+    name, prefix, append, last = HISTORY[scheme]
+    start, end = len(prefix), len(prefix) + len(append)
+    pages = _pages(start, end)
+    landed = data.draw(st.lists(st.booleans(), min_size=len(pages), max_size=len(pages)))
+    cut = data.draw(st.sampled_from([start] + [hi for _, hi in pages]))  # where the size update landed
+    image = bytearray(prefix + append)
+    for (lo, hi), ok in zip(pages, landed):
+        if not ok:
+            image[lo:hi] = bytes(hi - lo)
+    image = bytes(image[:cut])
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(image)
+        store = sessionlog.open_store(f"{scheme}:{d}")
+        res = store.scan("s")
+        assert res.last_seq >= last  # nothing acknowledged is missing
+        if res.damage is not None:
+            assert not res.damage.kind.needs_force, (res.damage, landed, cut - start)
+            assert res.damage.kind.repairable
+        rep = store.repair("s")
+        assert rep.status in ("clean", "repaired")
+        after = store.scan("s")
+        assert after.status == "clean"
+        with open(os.path.join(d, name), "rb") as f:
+            assert f.read().startswith(prefix)  # the durable prefix, byte for byte
+        assert store.append("s", [{"type": "after"}]) > last
+
+
+def _jsonl(records: list[dict]) -> bytes:
+    import json
+
+    return b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+
+
+def test_a_flipped_byte_with_records_after_it_is_still_mid_log():
+    from sessionlog.scan import scan_bytes
+
+    recs = [{"seq": 1, "ts": 1.0, "type": "session/start", "session": "s", "format": "sessionlog/1"}]
+    recs += [{"seq": i, "ts": 1.0, "type": "note", "text": "x" * 100} for i in range(2, 60)]
+    data = bytearray(_jsonl(recs))
+    at = data.index(b'"seq":30') + 2
+    for flipped in (b"\0", b"\x01"):
+        bad = bytes(data[:at]) + flipped + bytes(data[at + 1:])
+        _, _, damage = scan_bytes(bad, session_id="s")
+        assert damage is not None and damage.kind is DamageKind.MID_LOG, damage
+
+
+def test_a_nul_page_inside_a_line_followed_by_records_within_reach_is_zero_fill():
+    from sessionlog.scan import scan_bytes
+
+    recs = [{"seq": 1, "ts": 1.0, "type": "session/start", "session": "s", "format": "sessionlog/1"}]
+    recs += [{"seq": i, "ts": 1.0, "type": "note", "text": "y" * 1500} for i in range(2, 30)]
+    data = bytearray(_jsonl(recs))
+    stable = data.index(b'{"seq":10,')
+    page = (stable // PAGE + 1) * PAGE
+    data[page:page + PAGE] = bytes(PAGE)  # a page of the last append never written back
+    records, offset, damage = scan_bytes(bytes(data), session_id="s")
+    assert damage is not None and damage.kind is DamageKind.ZERO_FILL and damage.records_after > 0
+    assert offset <= page
+    # The same NULs with the records after them beyond one append's reach: mid-log.
+    limits = sessionlog.Limits(batch_limit=PAGE, record_limit=PAGE)
+    _, _, damage = scan_bytes(bytes(data), session_id="s", limits=limits)
+    assert damage is not None and damage.kind is DamageKind.MID_LOG
+
+
+@pytest.mark.parametrize(
+    ("unit", "offset", "crash"),
+    [
+        (b"\0abc", 100, True),  # NULs where the tail starts
+        (b"ab" + bytes(512) + b"cd", 510, True),  # covers the sector 512..1024
+        (b"ab" + bytes(512) + b"cd", 0, False),  # 512 NULs at 2..514: no whole aligned sector
+        (b"ab" + bytes(1023) + b"cd", 0, True),  # any 1023 NULs cover a sector
+        (b"a\0b", 0, False),  # one flipped byte
+        (b"", 0, False),
+    ],
+)
+def test_power_loss_nuls(unit, offset, crash):
+    assert power_loss_nuls(unit, offset) is crash
