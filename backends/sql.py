@@ -18,12 +18,19 @@ writing methods raise StoreClosed. SQLite gives every reader of a WAL database i
 them); the database file's bytes stay as they were: a read-only connection never
 checkpoints. A writing store (the default) creates the tables when they are missing.
 
-Connections: each open session handle (``store.session()``) holds one database connection
-for as long as it is open; on PostgreSQL its ownership (advisory) lock lives on that
-connection. So N concurrently open handles need N server connections, plus a few pooled
-ones for reads and one-shot calls: keep the number of open handles well below the server's
-``max_connections`` (default 100, shared with every other client of the server), or raise
-it. A connection that cannot be made (server down, too many clients, bad credentials) is
+Connections: a session handle holds its ownership lock, not a connection; each append
+(and each read, scan or one-shot call) borrows one from the store's pool for one
+transaction. On PostgreSQL the pool is bounded (``POOL_SIZE`` = 8 connections; callers
+wait for a free one) and every ownership (advisory) lock of the store lives on ONE more
+connection, the lock connection: a store uses at most 9 server connections however many
+sessions it has open. Each owned session takes one entry of the server's shared lock
+table (``max_locks_per_transaction`` x ``max_connections`` entries in all, 6,400 by
+default): raise ``max_locks_per_transaction`` for tens of thousands of open sessions per
+server. If the lock connection ends, the server releases its locks; the next append of
+each affected handle sees that (every append checks, in its transaction, that the lock
+connection is alive) and fails with AppendFailed, writing nothing. On SQLite the lock is a
+``flock`` (one descriptor per open handle) and the pool grows as threads need it. A
+connection that cannot be made (server down, too many clients, bad credentials) is
 IOFailure naming the URL with its password hidden.
 
 Guarantees (DESIGN.md section 4):
@@ -39,7 +46,7 @@ Guarantees (DESIGN.md section 4):
   caused by one batch names it (``group_index``).
 - Connections that would weaken durability are refused (:class:`DurabilityRefused`).
 - A writer owns a session through ``store.session()``: on PostgreSQL a session-level
-  advisory lock keyed by the session id, on SQLite the file backends' ``flock`` on
+  advisory lock keyed by the session id (on the store's lock connection), on SQLite the file backends' ``flock`` on
   ``.<db file>.locks/<id>.lock`` beside the database. An owned session scans as ``open``
   and ``repair`` refuses it (SessionLocked).
 - ``scan`` validates every stored record as the file backends do (envelope, one line,
@@ -114,6 +121,7 @@ from .sql_engines import (
     PostgresKind,
     SqliteKind,
     _quiet,
+    _too_many_hint,
     blame,
     driver_error,
 )
@@ -129,10 +137,6 @@ MAX_ATTEMPTS = 12
 
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-TOO_MANY_CONNECTIONS = "53300"
-"""PostgreSQL's SQLSTATE when the server (or a role or database limit) allows no more connections."""
-
-_TOO_MANY = re.compile(r"too many (clients|connections)")
 
 
 # --- scanning rows (pure) ----------------------------------------------------------------
@@ -252,8 +256,9 @@ class RowScan:
 class SqlSession:
     """The single writer of one session, for as long as it is open.
 
-    Holds the session's ownership lock and one database connection; appends run on that
-    connection at driver level. After a failed append the handle is unusable (open a new
+    Holds the session's ownership lock (SQLite: a ``flock``; PostgreSQL: an advisory lock
+    on the store's lock connection) and no database connection: each append borrows one
+    from the store's pool. After a failed append the handle is unusable (open a new
     one); a handle is unusable after ``fork``."""
 
     def __init__(self, store: SqlStore, session_id: str, *, timeout: float, repair: bool = False) -> None:
@@ -264,11 +269,10 @@ class SqlSession:
         self._mutex = threading.Lock()
         self._failed: str | None = None
         self._closed = True
-        conn = store._connect()
+        owner = self._kind.ownership(session_id)
+        owner.acquire(timeout)
         try:
-            owner = self._kind.ownership(session_id, conn)
-            owner.acquire(timeout)
-            try:
+            with store._connect() as conn:
                 if repair:
                     report = store._repair_locked(conn, session_id, force=False)
                     if report.status == "refused":
@@ -280,15 +284,10 @@ class SqlSession:
                             kind=str(damage.kind) if damage else None,
                         )
                 self._last_seq = store._check_tail(conn, session_id)
-            except BaseException:
-                owner.release()
-                raise
         except BaseException:
-            conn.close()
+            owner.release()
             raise
-        self._conn = conn
         self._owner = owner
-        self._cur, self._restore = self._kind.prepare_handle(conn.connection.driver_connection)
         self._closed = False
 
     @property
@@ -311,7 +310,8 @@ class SqlSession:
             kind, store, sid = self._kind, self.store, self.session_id
             if not batch:
                 try:
-                    last = kind.read_tail(self._cur, sid)
+                    with store._borrowed() as cur:
+                        last = kind.read_tail(cur, sid)
                 except SessionLogError:
                     raise
                 except Exception as exc:
@@ -332,13 +332,17 @@ class SqlSession:
             attempt = 0
             while True:
                 try:
-                    last = kind.append_once(self._cur, sid, lines, assumed, expect_seq, encode)
+                    with store._borrowed() as cur:
+                        last = kind.append_once(cur, sid, lines, assumed, expect_seq, encode, self._owner)
                     break
                 except AppendFailed as exc:
                     self._failed = str(exc)
                     raise
-                except (SequenceConflict, SessionNotFound, InvalidEvent):
+                except (SequenceConflict, SessionNotFound, InvalidEvent, StoreClosed):
                     raise
+                except IOFailure as exc:  # no pooled connection to be had: nothing was written
+                    self._failed = str(exc)
+                    raise AppendFailed(f"{store._where(sid)}: append failed: {exc}") from exc
                 except BaseException as exc:
                     attempt += 1
                     if isinstance(exc, Exception) and attempt < MAX_ATTEMPTS and kind.retryable(exc):
@@ -364,21 +368,14 @@ class SqlSession:
         return self.store.read(self.session_id, after_seq)
 
     def close(self) -> None:
-        """Release the ownership lock and the connection. Never raises over an exception
-        already in flight; after ``fork`` the child leaves the parent's lock alone."""
+        """Release the ownership lock. Never raises over an exception already in flight;
+        after ``fork`` the child leaves the parent's lock alone."""
         if self._closed:
             return
         self._closed = True
         if os.getpid() != self._pid:
             return
-        try:
-            _quiet(self._restore)
-            self._owner.release()
-        finally:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
+        _quiet(self._owner.release)
 
     def __enter__(self) -> SqlSession:
         return self
@@ -497,12 +494,7 @@ class SqlStore:
                 raise cause from None
             if not isinstance(exc, sa.exc.SQLAlchemyError) and not _is_driver_error(exc):
                 raise
-            hint = ""
-            # psycopg reports a refused connection without its SQLSTATE: match the text too.
-            if getattr(cause, "sqlstate", None) == TOO_MANY_CONNECTIONS or _TOO_MANY.search(str(cause)):
-                hint = (" (the server allows no more connections: every open session handle holds "
-                        "one connection; close handles or raise max_connections)")
-            raise IOFailure(f"{self.display_url}: cannot connect: {cause}{hint}") from exc
+            raise IOFailure(f"{self.display_url}: cannot connect: {cause}{_too_many_hint(exc)}") from exc
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -651,11 +643,11 @@ class SqlStore:
         self._check_id(session_id)
         self._check_writable("delete")
         t = self.schema
-        with self._errors("delete"), self._connect() as conn:
-            owner = self.kind.ownership(session_id, conn)
+        with self._errors("delete"):
+            owner = self.kind.ownership(session_id)
             owner.acquire(self.lock_timeout)
             try:
-                with self._write(conn):
+                with self._connect() as conn, self._write(conn):
                     gone = conn.execute(
                         t.sessions.delete().where(t.sessions.c.session_id == session_id).returning(t.sessions.c.session_id)
                     ).first()
@@ -753,13 +745,14 @@ class SqlStore:
             while True:
                 try:
                     with self._borrowed() as cur:
-                        kind.append_group_once(cur, batches)
+                        kind.append_group_once(cur, batches, [h._owner for h in handles])
                     break
                 except AppendFailed as exc:
-                    for handle in owners:
+                    index = getattr(exc, "group_index", None)
+                    for handle in owners if index is None else [handles[index]]:
                         handle._failed = str(exc)
                     raise
-                except (SequenceConflict, SessionNotFound, InvalidEvent):
+                except (SequenceConflict, SessionNotFound, InvalidEvent, StoreClosed):
                     raise
                 except BaseException as exc:
                     attempt += 1
@@ -990,13 +983,13 @@ class SqlStore:
                 scan, tail = self._scan(session_id, owned=False)
                 return self._repair_plan(scan, tail, force=force)
             self._check_writable("repair (without dry_run)")
-            with self._connect() as conn:
-                owner = self.kind.ownership(session_id, conn)
-                owner.acquire(0.0)
-                try:
+            owner = self.kind.ownership(session_id)
+            owner.acquire(0.0)
+            try:
+                with self._connect() as conn:
                     return self._repair_locked(conn, session_id, force=force)
-                finally:
-                    owner.release()
+            finally:
+                owner.release()
 
     def _repair_plan(self, scan: ScanResult, tail: _Tail, *, force: bool) -> RepairReport:
         damage = scan.damage
@@ -1083,6 +1076,7 @@ class SqlStore:
         if not self._closed:
             self._closed = True
             if os.getpid() == self._pid:
+                _quiet(self.kind.close)
                 self.engine.dispose()
 
     def __enter__(self) -> SqlStore:

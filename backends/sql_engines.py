@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sqlite3
 import sys
+import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,7 +35,9 @@ from sessionlog.contract import (
     IOFailure,
     SequenceConflict,
     SessionLocked,
+    SessionLogError,
     SessionNotFound,
+    StoreClosed,
 )
 from sessionlog.durable import DIR_MODE, OS, FileLock, lock_is_held
 
@@ -83,6 +88,10 @@ def place_batch(batch: GroupBatch, tails: dict[str, int], where: str) -> list[by
 
 class Ownership(Protocol):
     """The lock that makes a process the single writer of one session."""
+
+    token: Any
+    """What an append checks on the server to prove the lock is still held (PostgreSQL:
+    the lock connection's backend; None where the lock cannot be lost, SQLite's flock)."""
 
     def acquire(self, timeout: float) -> None:
         """Take it, waiting up to ``timeout`` seconds; SessionLocked if it stays held."""
@@ -149,8 +158,8 @@ class EngineKind:
         """True when some writer holds the session's ownership lock. Never writes."""
         raise NotImplementedError
 
-    def ownership(self, session_id: str, conn: sa.Connection) -> Ownership:
-        """The ownership lock of ``session_id``; on PostgreSQL it lives on ``conn``."""
+    def ownership(self, session_id: str) -> Ownership:
+        """The ownership lock of ``session_id`` (not yet taken)."""
         raise NotImplementedError
 
     def lock_row(self, conn: sa.Connection, session_id: str) -> bool:
@@ -159,22 +168,25 @@ class EngineKind:
 
     def append_once(
         self, cur: Any, session_id: str, lines: list[bytes], assumed_last: int,
-        expect_seq: int | None, encode: Encode,
+        expect_seq: int | None, encode: Encode, owner: Ownership,
     ) -> int:
-        """One append transaction on the handle's driver cursor; returns the last seq.
+        """One append transaction on a pooled connection's driver cursor; returns the last
+        seq.
 
         ``lines`` were encoded for ``assumed_last + 1``; when the tail turns out to be
         elsewhere they are re-encoded with ``encode``. Raises SequenceConflict when
-        ``expect_seq`` is not the tail, SessionNotFound, AppendFailed(outcome_unknown=True)
-        for an error during COMMIT, and the driver's own error for anything before COMMIT
-        (the transaction was rolled back)."""
+        ``expect_seq`` is not the tail, SessionNotFound, AppendFailed when ``owner``'s lock
+        was lost (nothing written) or (``outcome_unknown=True``) for an error during
+        COMMIT, and the driver's own error for anything before COMMIT (the transaction was
+        rolled back)."""
         raise NotImplementedError
 
-    def append_group_once(self, cur: Any, batches: list[GroupBatch]) -> None:
+    def append_group_once(self, cur: Any, batches: list[GroupBatch], owners: list[Ownership]) -> None:
         """One transaction (one commit) appending every batch of ``batches``, in order;
         sets each batch's ``last``. Nothing is committed unless every batch fits its
-        session's tail. Raises as :meth:`append_once`; an error caused by one batch
-        (SequenceConflict, SessionNotFound) carries its ``group_index``."""
+        session's tail. ``owners[i]`` owns batch i's session. Raises as
+        :meth:`append_once`; an error caused by one batch (SequenceConflict,
+        SessionNotFound, a lost lock's AppendFailed) carries its ``group_index``."""
         raise NotImplementedError
 
     def read_tail(self, cur: Any, session_id: str) -> int:
@@ -184,11 +196,9 @@ class EngineKind:
     def prepare_pooled(self, dbapi: Any) -> None:
         """Set a pooled driver connection up for a driver-level write transaction."""
 
-    def prepare_handle(self, dbapi: Any) -> tuple[Any, Callable[[], None]]:
-        """Set a handle's driver connection up for the hot path: the cursor its appends
-        run on, and the undo for when the handle closes."""
-        cur = dbapi.cursor()
-        return cur, cur.close
+    def close(self) -> None:
+        """Release what the engine kind holds beyond the pool (PostgreSQL: the lock
+        connection, and with it every ownership lock of the store)."""
 
 
 # --- SQLite ------------------------------------------------------------------------------
@@ -314,7 +324,7 @@ class SqliteKind(EngineKind):
         except OSError as exc:
             raise IOFailure(f"{self.lock_path(session_id)}: cannot check the lock: {exc.strerror or exc}") from exc
 
-    def ownership(self, session_id: str, conn: sa.Connection) -> Ownership:
+    def ownership(self, session_id: str) -> Ownership:
         return FileOwnership(self.lock_dir, self.lock_path(session_id))
 
     def lock_row(self, conn: sa.Connection, session_id: str) -> bool:
@@ -324,8 +334,9 @@ class SqliteKind(EngineKind):
 
     def append_once(
         self, cur: sqlite3.Cursor, session_id: str, lines: list[bytes], assumed_last: int,
-        expect_seq: int | None, encode: Encode,
+        expect_seq: int | None, encode: Encode, owner: Ownership,
     ) -> int:
+        # The flock cannot be lost while the handle's descriptor is open: no check here.
         cur.execute("BEGIN IMMEDIATE")
         try:
             row = cur.execute(self.sql_tail, (session_id,)).fetchone()
@@ -354,7 +365,7 @@ class SqliteKind(EngineKind):
             raise _commit_failed(self.where, session_id, exc) from exc
         return last + len(lines)
 
-    def append_group_once(self, cur: sqlite3.Cursor, batches: list[GroupBatch]) -> None:
+    def append_group_once(self, cur: sqlite3.Cursor, batches: list[GroupBatch], owners: list[Ownership]) -> None:
         cur.execute("BEGIN IMMEDIATE")
         try:
             tails: dict[str, int] = {}
@@ -402,6 +413,8 @@ class FileOwnership:
     """The file backends' ownership protocol for one SQLite session: an exclusive flock
     on ``<lock dir>/<id>.lock`` (created 0600, never unlinked)."""
 
+    token = None
+
     def __init__(self, lock_dir: str, path: str) -> None:
         self.lock_dir = lock_dir
         self._lock = FileLock(OS, path)
@@ -423,10 +436,18 @@ class FileOwnership:
 # --- PostgreSQL --------------------------------------------------------------------------
 
 
+POOL_SIZE = 8
+"""PostgreSQL connections a store pools for appends, reads and one-shot calls (never more:
+callers wait for one). With the lock connection, a store uses at most POOL_SIZE + 1
+server connections however many sessions it has open."""
+
+
 class PostgresKind(EngineKind):
     """PostgreSQL through psycopg 3: connections with ``synchronous_commit=off`` (or a
     server with ``fsync=off``) are refused; an append locks the session's row, reads the
-    tail and inserts; ownership is a session-level advisory lock keyed by the session id.
+    tail and inserts; ownership is a session-level advisory lock keyed by the session id,
+    held on the store's lock connection (:class:`AdvisoryLocks`), and every append checks
+    on the server, in its transaction, that this connection is still alive.
 
     ``read_only``: every connection runs ``default_transaction_read_only = on``, so the
     server refuses any write; the durability settings are not checked."""
@@ -441,14 +462,20 @@ class PostgresKind(EngineKind):
         self.where = where
         self.namespace = namespace
         self.read_only = read_only
-        options: dict[str, Any] = {"pool_size": 5, "max_overflow": -1}
+        options: dict[str, Any] = {"pool_size": POOL_SIZE, "max_overflow": 0}
         options.update(engine_options)
         self.engine = sa.create_engine(url, **options)
         event.listen(self.engine, "connect", self._on_connect)
+        self.locks = AdvisoryLocks(self.engine, where)
         self._prepare_sql("%s")
         records = schema.qualified(schema.records)
         sessions = schema.qualified(schema.sessions)
-        self.sql_lock_row = f"SELECT 1 FROM {sessions} WHERE session_id = %s FOR UPDATE"
+        # The session's row, locked, and whether the backend holding the owner's advisory
+        # lock is still alive (the server drops the lock with its connection).
+        self.sql_lock_row = (
+            f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s AND backend_start = %s) "
+            f"FROM {sessions} WHERE session_id = %s FOR UPDATE"
+        )
         # One statement, one round trip for the whole batch; it inserts nothing unless the
         # tail is still where the rows' seqs (and the bytes inside them) assume it is.
         self.sql_insert_at = (
@@ -460,6 +487,9 @@ class PostgresKind(EngineKind):
         # groups), then read their tails in a statement that sees what committed before.
         self.sql_lock_rows = (
             f"SELECT session_id FROM {sessions} WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE"
+        )
+        self.sql_alive = (
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = ANY(%s)"
         )
         self.sql_tails = (
             f"SELECT u.s, (SELECT max(seq) FROM {records} WHERE session_id = u.s) FROM unnest(%s::text[]) AS u(s)"
@@ -501,8 +531,11 @@ class PostgresKind(EngineKind):
                 {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF},
             ).scalar())
 
-    def ownership(self, session_id: str, conn: sa.Connection) -> Ownership:
-        return AdvisoryOwnership(conn, advisory_key(self.namespace, session_id), f"{self.where} session {session_id!r}")
+    def ownership(self, session_id: str) -> Ownership:
+        return AdvisoryOwnership(self.locks, advisory_key(self.namespace, session_id), f"{self.where} session {session_id!r}")
+
+    def close(self) -> None:
+        self.locks.close()
 
     def lock_row(self, conn: sa.Connection, session_id: str) -> bool:
         sessions = self.schema.sessions
@@ -511,15 +544,19 @@ class PostgresKind(EngineKind):
 
     def append_once(
         self, cur: Any, session_id: str, lines: list[bytes], assumed_last: int,
-        expect_seq: int | None, encode: Encode,
+        expect_seq: int | None, encode: Encode, owner: Ownership,
     ) -> int:
         dbapi = cur.connection
         try:
             # The row lock serializes appends to this session; the statements after it
             # see everything committed before it was granted.
-            cur.execute(self.sql_lock_row, (session_id,))
-            if cur.fetchone() is None:
+            pid, started = owner.token
+            cur.execute(self.sql_lock_row, (pid, started, session_id))
+            row = cur.fetchone()
+            if row is None:
                 raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
+            if not row[0]:
+                raise _ownership_lost(self.where, session_id)
             last = assumed_last if expect_seq is None else expect_seq
             if last != assumed_last:
                 lines = encode(last + 1)
@@ -552,17 +589,21 @@ class PostgresKind(EngineKind):
             raise _commit_failed(self.where, session_id, exc) from exc
         return last + n
 
-    def append_group_once(self, cur: Any, batches: list[GroupBatch]) -> None:
+    def append_group_once(self, cur: Any, batches: list[GroupBatch], owners: list[Ownership]) -> None:
         dbapi = cur.connection
         sids = sorted({b.session_id for b in batches})
         try:
             cur.execute(self.sql_lock_rows, (sids,))
             locked = {row[0] for row in cur.fetchall()}
-            for batch in batches:
+            cur.execute(self.sql_alive, (sorted({o.token[0] for o in owners}),))
+            alive = set(cur.fetchall())
+            for batch, owner in zip(batches, owners, strict=True):
                 if batch.session_id not in locked:
                     raise blame(
                         SessionNotFound(f"{self.where}: session {batch.session_id!r} was deleted"), batch.index
                     )
+                if tuple(owner.token) not in alive:
+                    raise blame(_ownership_lost(self.where, batch.session_id), batch.index)
             cur.execute(self.sql_tails, (sids,))
             tails = {sid: int(last or 0) for sid, last in cur.fetchall()}
             col_sid: list[str] = []
@@ -594,23 +635,6 @@ class PostgresKind(EngineKind):
             dbapi.rollback()
             dbapi.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
-    def prepare_handle(self, dbapi: Any) -> tuple[Any, Callable[[], None]]:
-        # The append protocol needs each statement to see what committed before it (the
-        # tail read after the row lock was granted): READ COMMITTED, whatever the
-        # server's or the URL's default isolation is.
-        import psycopg
-
-        before = dbapi.isolation_level
-        dbapi.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        cur = dbapi.cursor()
-
-        def restore() -> None:
-            _quiet(cur.close)
-            _quiet(dbapi.rollback)
-            dbapi.isolation_level = before
-
-        return cur, restore
-
     def read_tail(self, cur: Any, session_id: str) -> int:
         try:
             cur.execute(self.sql_tail, (session_id,))
@@ -622,47 +646,145 @@ class PostgresKind(EngineKind):
         return int(row[0])
 
 
-class AdvisoryOwnership:
-    """A PostgreSQL session-level advisory lock held on one connection. The server drops
-    it when the connection ends, so a killed writer never leaves its session owned."""
+class AdvisoryLocks:
+    """The ownership locks of one PostgreSQL store, held on ONE dedicated connection (the
+    lock connection), however many sessions the store owns.
 
-    def __init__(self, conn: sa.Connection, key: int, where: str) -> None:
-        self.conn = conn
+    PostgreSQL session-level advisory locks belong to the connection that took them and
+    are re-entrant on it, so this process's own holders are tracked here too: a second
+    owner of a held session in this process is refused as it is from any other. Each
+    held lock costs one entry of the server's shared lock table (``max_locks_per_transaction``
+    x ``max_connections`` entries in all). When the lock connection ends (killed, network
+    gone), the server releases every lock on it; the next append of each of those handles
+    sees that on the server and fails (:func:`_ownership_lost`), and new owners get a new
+    lock connection. Waiting for a held lock polls (``pg_try_advisory_lock``), so one
+    waiter never blocks the lock connection for the others."""
+
+    def __init__(self, engine: sa.Engine, where: str) -> None:
+        self.engine = engine
+        self.where = where
+        self._mutex = threading.Lock()
+        self._conn: Any = None  # the pool's detached connection proxy
+        self._dbapi: Any = None  # its psycopg connection
+        self._token: tuple[int, Any] | None = None
+        self._held: dict[int, tuple[int, Any]] = {}  # key -> token of the connection holding it
+        self._pid = os.getpid()
+        self._closed = False
+        self._orphans: list[Any] = []
+
+    def try_acquire(self, key: int) -> tuple[int, Any] | None:
+        """Take ``key`` unless someone (here or elsewhere) holds it; the token of the lock
+        connection holding it, or None. IOFailure when no lock connection can be had."""
+        with self._mutex:
+            self._check_process()
+            if key in self._held:
+                return None
+            for attempt in (1, 2):
+                token = self._connected()
+                try:
+                    with self._dbapi.cursor() as cur:
+                        cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+                        ok = cur.fetchone()[0]
+                except Exception as exc:
+                    self._drop()  # its locks are gone with it; handles holding them fail
+                    if attempt == 2 or not _is_connection_error(exc):
+                        raise IOFailure(f"{self.where}: taking a session lock failed: {driver_error(exc)}") from exc
+                    continue
+                if not ok:
+                    return None
+                self._held[key] = token
+                return token
+        return None  # pragma: no cover - the loop returns or raises
+
+    def release(self, key: int, token: tuple[int, Any]) -> None:
+        """Release ``key`` if the connection that took it (``token``) still holds it."""
+        with self._mutex:
+            if os.getpid() != self._pid or self._held.get(key) != token or self._token != token:
+                return  # that connection is gone (the server released its locks) or not ours
+            del self._held[key]
+            try:
+                with self._dbapi.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except Exception:
+                # Ending the lock connection releases the lock on the server (and the others
+                # on it: their handles fail on their next append).
+                self._drop()
+
+    def close(self) -> None:
+        """End the lock connection: the server releases every lock of this store."""
+        with self._mutex:
+            self._closed = True
+            if os.getpid() == self._pid:
+                self._drop()
+
+    def _check_process(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"{self.where}: store is closed")
+        if os.getpid() != self._pid:
+            # A forked child must never use (or end) its parent's lock connection: keep a
+            # reference so that collecting it does not end it either.
+            self._orphans.append(self._conn)
+            self._conn, self._token, self._held = None, None, {}
+            self._pid = os.getpid()
+
+    def _connected(self) -> tuple[int, Any]:
+        if self._conn is None:
+            try:
+                conn = self.engine.raw_connection()
+                dbapi = conn.driver_connection
+                conn.detach()  # outside the pool: it lives as long as the locks on it
+                dbapi.autocommit = True
+                with dbapi.cursor() as cur:
+                    cur.execute("SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+                    pid, started = cur.fetchone()
+            except SessionLogError:
+                raise
+            except Exception as exc:
+                raise IOFailure(
+                    f"{self.where}: cannot open the lock connection: {driver_error(exc)}"
+                    + _too_many_hint(exc)
+                ) from exc
+            self._conn, self._dbapi, self._token = conn, dbapi, (int(pid), started)
+        assert self._token is not None
+        return self._token
+
+    def _drop(self) -> None:
+        conn, token = self._conn, self._token
+        self._conn, self._token = None, None
+        self._held = {k: t for k, t in self._held.items() if t != token}
+        if conn is not None:
+            _quiet(conn.close)
+
+
+class AdvisoryOwnership:
+    """A session's PostgreSQL advisory lock, held on the store's lock connection. The
+    server drops it when that connection ends, so a killed writer never leaves its session
+    owned; ``token`` names the backend holding it, for the appends' liveness check."""
+
+    def __init__(self, locks: AdvisoryLocks, key: int, where: str) -> None:
+        self.locks = locks
         self.key = key
         self.where = where
-        self.held = False
+        self.token: tuple[int, Any] | None = None
 
     def acquire(self, timeout: float) -> None:
-        conn = self.conn
-        try:
-            if timeout <= 0:
-                ok = conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
-                conn.commit()
-                if not ok:
-                    raise SessionLocked(f"{self.where}: another writer owns this session")
-            else:
-                # Wait in the server's lock queue (woken on release), bounded by lock_timeout.
-                conn.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": f"{max(1, int(timeout * 1000))}ms"})
-                conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": self.key})
-                conn.commit()
-        except sa.exc.DBAPIError as exc:
-            _quiet(conn.rollback)
-            if sqlstate(exc) == LOCK_NOT_AVAILABLE:
-                raise SessionLocked(f"{self.where}: another writer owns this session") from None
-            raise IOFailure(f"{self.where}: taking the session lock failed: {driver_error(exc)}") from exc
-        self.held = True
+        deadline = time.monotonic() + max(0.0, timeout)
+        delay = 0.002
+        while True:
+            token = self.locks.try_acquire(self.key)
+            if token is not None:
+                self.token = token
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SessionLocked(f"{self.where}: another writer owns this session")
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.05)
 
     def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
-        try:
-            self.conn.rollback()
-            self.conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": self.key})
-            self.conn.commit()
-        except Exception:
-            # Closing the connection releases the lock on the server.
-            _quiet(self.conn.invalidate)
+        token, self.token = self.token, None
+        if token is not None:
+            self.locks.release(self.key, token)
 
 
 # --- shared ------------------------------------------------------------------------------
@@ -693,3 +815,34 @@ def _group_commit_failed(where: str, batches: list[GroupBatch], exc: BaseExcepti
         "before appending them again",
         outcome_unknown=True,
     )
+
+
+def _ownership_lost(where: str, session_id: str) -> AppendFailed:
+    return AppendFailed(
+        f"{where}: session {session_id!r}: the ownership lock was lost (its lock connection ended, "
+        "and the server released the lock); nothing was written: open the session again"
+    )
+
+
+_TOO_MANY = re.compile(r"too many (clients|connections)")
+TOO_MANY_CONNECTIONS = "53300"
+"""PostgreSQL's SQLSTATE when the server (or a role or database limit) allows no more connections."""
+
+
+def _too_many_hint(exc: BaseException) -> str:
+    cause = driver_error(exc)
+    # psycopg reports a refused connection without its SQLSTATE: match the text too.
+    if getattr(cause, "sqlstate", None) == TOO_MANY_CONNECTIONS or _TOO_MANY.search(str(cause)):
+        return (f" (the server allows no more connections: a store uses at most {POOL_SIZE + 1}; "
+                "close stores you do not need or raise max_connections)")
+    return ""
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """True when the driver says the connection itself is gone (not a statement error)."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - PostgreSQL needs it
+        return False
+    cause = driver_error(exc)
+    return isinstance(cause, psycopg.OperationalError) or bool(getattr(cause, "closed", False))

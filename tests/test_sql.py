@@ -284,12 +284,23 @@ def test_postgres_batch_is_one_insert_statement(pg_schema_url: str) -> None:
     with sessionlog.open_store(pg_schema_url) as store:
         store.create("s1")
         with store.session("s1") as handle:
-            handle._cur.close()
-            handle._cur = Counting(handle._cur.connection)
+            # Every pooled connection counts what its cursors run.
+            for dbapi in _pooled(store):
+                dbapi.cursor_factory = Counting
             assert handle.append(plain(1000)) == 1001
         assert len(executed) == 2, executed  # lock the session's row, insert every row
         assert "FOR UPDATE" in executed[0] and "unnest" in executed[1]
         assert [r["i"] for r in store.read("s1", 1)] == list(range(1000))
+
+
+def _pooled(store: SqlStore) -> list[Any]:
+    """The driver connections of the store's pool, each checked out once."""
+    held = [store.engine.raw_connection() for _ in range(store.engine.pool.size())]
+    try:
+        return [h.driver_connection for h in held]
+    finally:
+        for h in held:
+            h.close()
 
 
 def test_postgres_serializable_default_isolation_still_appends(pg_schema_url: str) -> None:
@@ -832,7 +843,7 @@ def test_postgres_too_many_connections_is_io_failure_with_a_hint(pg_schema_url: 
     db(base, f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
     try:
         limited = sa.make_url(pg_schema_url).set(username=role).render_as_string(hide_password=False)
-        with pytest.raises(sessionlog.IOFailure, match="every open session handle holds one connection"):
+        with pytest.raises(sessionlog.IOFailure, match="allows no more connections"):
             SqlStore(limited, read_only=True)
     finally:
         db(base, f'DROP ROLE "{role}"')
