@@ -93,6 +93,11 @@ class Framing(Protocol):
         """A scanner over the whole file from offset 0."""
         ...
 
+    def dropped_seqs(self, read: Callable[[int], bytes], limits: Limits) -> tuple[int, int] | None:
+        """The first and last seq of the records that still decode in a quarantined tail
+        read from its start (None when none do)."""
+        ...
+
     def tail(
         self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits
     ) -> tuple[int, float]:
@@ -668,15 +673,23 @@ class FileStore:
         return report
 
     def _marker_for_orphan(self, session_id: str, name: str, ts: float) -> dict[str, Any]:
-        """The marker that a repair interrupted between truncate and append did not write;
-        the quarantine's name carries the cut's offset and kind."""
+        """The marker that a repair interrupted between truncate and append did not write:
+        the quarantine's name carries the cut's offset and kind, its bytes the seqs of
+        the records it holds (``dropped_seqs``, as the interrupted repair's scan saw them)."""
         parsed = parse_quarantine_name(self.file_name(session_id), name)
         offset, reason = parsed if parsed is not None else (0, "unknown")
+        path = os.path.join(self.directory, name)
         try:
-            size = self.fs.stat(os.path.join(self.directory, name)).st_size
+            fd = self.fs.open(path, os.O_RDONLY | O_NOFOLLOW)
+            try:
+                size = self.fs.fstat(fd).st_size
+                dropped = self.framing.dropped_seqs(fd_reader(self.fs, fd), self.limits)
+            finally:
+                self.fs.close(fd)
         except OSError as exc:
-            raise _io_error(exc, name, "stat of the quarantine") from exc
-        return truncation_marker(offset=offset, dropped_bytes=size, reason=reason, quarantine=name, ts=ts)
+            raise _io_error(exc, path, "reading the quarantine") from exc
+        return truncation_marker(offset=offset, dropped_bytes=size, reason=reason, quarantine=name, ts=ts,
+                                 dropped_seqs=dropped)
 
     def _repair_locked(self, session_id: str, *, force: bool) -> RepairReport:
         scan = self._scan(session_id, owned=False)

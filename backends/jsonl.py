@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from sessionlog.contract import CorruptLog, DamageKind
 from sessionlog.durable import FileSystem
 from sessionlog.events import Record, RecordError
-from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header
+from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header, tail_seqs
 
 from .filestore import FileStore
 
@@ -30,6 +30,10 @@ class JsonlFraming:
         self, read: Callable[[int], bytes], *, session_id: str | None, where: str, limits: Limits, owned: bool
     ) -> LineScan:
         return LineScan(read, session_id=session_id, where=where, limits=limits, owned=owned)
+
+    def dropped_seqs(self, read: Callable[[int], bytes], limits: Limits) -> tuple[int, int] | None:
+        """First and last seq of the records that decode in a quarantined tail."""
+        return tail_seqs(read, limits)
 
     def tail(
         self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits

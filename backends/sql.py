@@ -1005,7 +1005,7 @@ class SqlStore:
             offset, reason = parsed if parsed is not None else (0, "unknown")
             events.append(truncation_marker(
                 offset=offset, dropped_bytes=tail.quarantines.get(name, 0), reason=reason, quarantine=name,
-                ts=scan.last_ts,
+                ts=scan.last_ts, dropped_seqs=self._quarantined_seqs(scan.session, name),
             ))
         if damage is not None:
             name = quarantine_name(scan.session, damage.offset, str(damage.kind))
@@ -1057,6 +1057,17 @@ class SqlStore:
                 {"session_id": session_id, "seq": r.seq, "record": r.raw} for r in report.appended
             ])
         return report
+
+    def _quarantined_seqs(self, session_id: str, name: str) -> tuple[int, int] | None:
+        """First and last seq of the quarantined rows ``name`` that decode: the
+        ``dropped_seqs`` of a marker rebuilt from its quarantine."""
+        seqs = []
+        for _, _, raw in self.quarantined(session_id, name):
+            try:
+                seqs.append(decode_row(raw).seq)
+            except RecordError:
+                continue
+        return (seqs[0], seqs[-1]) if seqs else None
 
     def quarantined(self, session_id: str, name: str | None = None) -> list[tuple[str, int, bytes]]:
         """The rows forced repairs moved out of the session: ``(quarantine name, seq column,

@@ -57,6 +57,7 @@ from .zstd_frames import (
     Shape,
     decompress_frame,
     frame_records,
+    tail_seqs,
     walk_frame,
 )
 
@@ -112,6 +113,10 @@ class ZstdFraming:
         self, read: Callable[[int], bytes], *, session_id: str | None, where: str, limits: Limits, owned: bool
     ) -> FrameScan:
         return FrameScan(read, session_id=session_id, where=where, limits=limits, owned=owned)
+
+    def dropped_seqs(self, read: Callable[[int], bytes], limits: Limits) -> tuple[int, int] | None:
+        """First and last seq of the records in the verified frames of a quarantined tail."""
+        return tail_seqs(read, limits)
 
     def tail(
         self, fs: FileSystem, fd: int, size: int, *, session_id: str, where: str, limits: Limits

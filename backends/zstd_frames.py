@@ -477,3 +477,11 @@ class TailCount:
             self.last_seq = record.seq
             found += 1
         return found
+
+
+def tail_seqs(read: Callable[[int], bytes], limits: Limits = DEFAULT_LIMITS) -> tuple[int, int] | None:
+    """The first and last seq of the records in the verified frames of a tail read from
+    its start (a quarantined Zstd tail): the ``dropped_seqs`` its scan reported, rebuilt."""
+    tail = TailCount(ByteStream(read), 0, FrameLimits.from_limits(limits), limits)
+    tail.run()
+    return (tail.first_seq, tail.last_seq) if tail.count else None

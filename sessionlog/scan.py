@@ -302,6 +302,14 @@ class _TailCount:
             i = nl + 1
 
 
+def tail_seqs(read: Callable[[int], bytes], limits: Limits = DEFAULT_LIMITS) -> tuple[int, int] | None:
+    """The first and last seq of the records that decode in a tail read from its start
+    (a quarantined JSONL tail): the ``dropped_seqs`` its scan reported, rebuilt."""
+    tail = _TailCount(read, b"", 0, limits.record_limit)
+    tail.run()
+    return (tail.first_seq, tail.last_seq) if tail.count else None
+
+
 def scan_bytes(data: bytes, *, session_id: str | None = None, limits: Limits = DEFAULT_LIMITS,
                owned: bool = False) -> tuple[list[Record], int, Damage | None]:
     """Scan an in-memory log: ``(records, stable_offset, damage)``."""

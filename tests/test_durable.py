@@ -654,3 +654,57 @@ def test_damage_before_a_live_writers_tail_is_still_reported(tmp_path, fixture, 
             store.repair(fixture, force=True)
     finally:
         writer.release()
+
+
+def _mid_log_session(store, path) -> tuple[int, int]:
+    """A session with a bad record/frame in the middle and records after it; returns the
+    seqs that decode after the damage."""
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}])
+    for i in range(6):
+        store.append("s1", [{"type": "note", "i": i, "text": "z" * 200}])
+    data = bytearray(path.read_bytes())
+    at = data.find(b'"i":2') if path.suffix == ".jsonl" else len(data) // 2
+    data[at] ^= 0x20
+    path.write_bytes(bytes(data))
+    res = store.scan("s1")
+    assert res.damage.kind is DamageKind.MID_LOG and res.damage.dropped_seqs is not None, res.damage
+    return res.damage.dropped_seqs
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_a_forced_repair_interrupted_after_its_cut_keeps_dropped_seqs(tmp_path, scheme):
+    fs = Faulty()
+    store = sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}", fs=fs)
+    path = tmp_path / "st" / store.file_name("s1")
+    dropped = _mid_log_session(store, path)
+    fs.fail("write", nth=2)  # the 1st write publishes the quarantine, the 2nd appends the marker
+    with pytest.raises(sessionlog.SessionLogError):
+        store.repair("s1", force=True)
+    assert store.scan("s1").damage is None  # cut, no marker: what a kill there leaves
+    rep = store.repair("s1")
+    [marker] = [dict(r) for r in rep.appended if r["type"] == "log/truncated"]
+    assert tuple(marker["dropped_seqs"]) == dropped
+    assert marker["reason"] == "mid-log"
+    assert store.repair("s1").status == "clean"
+
+
+def test_sql_marker_rebuilt_from_its_quarantine_keeps_dropped_seqs(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "st.db"
+    store = sessionlog.open_store(f"sqlite:///{db}")
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}])
+    for i in range(5):
+        store.append("s1", [{"type": "note", "i": i}])
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE sessionlog_records SET record = ? WHERE session_id = 's1' AND seq = 4", (b"garbage",))
+    dropped = store.scan("s1").damage.dropped_seqs
+    assert dropped == (5, 7)
+    rep = store.repair("s1", force=True)
+    first = rep.appended[0]["seq"]
+    with sqlite3.connect(db) as c:  # the marker and what came after it never landed
+        c.execute("DELETE FROM sessionlog_records WHERE session_id = 's1' AND seq >= ?", (first,))
+    res = store.scan("s1")
+    assert res.unmarked_quarantines == [rep.quarantine]
+    [marker] = [dict(r) for r in store.repair("s1").appended if r["type"] == "log/truncated"]
+    assert marker["quarantine"] == rep.quarantine and tuple(marker["dropped_seqs"]) == dropped
