@@ -30,7 +30,9 @@ from sessionlog.contract import (
     SessionLogError,
     SessionNotFound,
     StoreClosed,
+    durable_batches,
     events_list,
+    synthetic_lines,
 )
 from sessionlog.durable import (
     O_NOFOLLOW,
@@ -668,7 +670,7 @@ class FileStore:
             return report
         report.status = "repaired"
         report.reason = str(damage.kind) if damage is not None else "open transcript"
-        lines = self.encode_batch(events, scan.last_seq + 1)
+        lines = synthetic_lines(events, scan.last_seq + 1, record_limit=self.limits.record_limit)
         report.appended = [Record.from_line(line) for line in lines]
         return report
 
@@ -720,14 +722,16 @@ class FileStore:
                     )
                 # 2. The log is cut back to its stable prefix (durable on return).
                 durable_truncate(fs, fd, damage.offset)
-            # 3. Marker, synthetic results and closers in one durable batch.
-            data = self.framing.encode([r.raw for r in report.appended])
-            try:
-                durable_append(fs, fd, data, end)
-            except AppendFailed as exc:
-                if exc.outcome_unknown:
-                    poison((st.st_dev, st.st_ino), str(exc))
-                raise
+            # 3. Marker, synthetic results and closers, in that order, in durable batches
+            #    of at most the batch limit: a crash between two leaves a clean log whose
+            #    next repair answers what is still unanswered and closes what is open.
+            for batch in durable_batches([r.raw for r in report.appended], self.limits.batch_limit):
+                try:
+                    end = durable_append(fs, fd, self.framing.encode(batch), end)
+                except AppendFailed as exc:
+                    if exc.outcome_unknown:
+                        poison((st.st_dev, st.st_ino), str(exc))
+                    raise
         except OSError as exc:
             raise IOFailure(f"{path}: repair failed: {exc.strerror or exc}") from exc
         finally:

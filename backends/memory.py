@@ -20,6 +20,7 @@ from sessionlog.contract import (
     SessionNotFound,
     StoreClosed,
     events_list,
+    synthetic_lines,
 )
 from sessionlog.events import (
     Record,
@@ -93,6 +94,12 @@ class MemoryStore:
 
     def _encode(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[Record]:
         return [Record.from_line(line) for line in encode_batch(events, first_seq, self.limits)]
+
+    def _encode_plan(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[Record]:
+        """A repair's synthetic records: never refused for their total size (the durable
+        backends write them in several batches; here the list is extended at once)."""
+        return [Record.from_line(line)
+                for line in synthetic_lines(events, first_seq, record_limit=self.limits.record_limit)]
 
     def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
         self._check_id(session_id)
@@ -217,7 +224,7 @@ class MemoryStore:
             if scan.owned:
                 return RepairReport(session_id, None, "refused", reason="a writer owns the session")
             plan = crash_plan(scan.tracker)
-            appended = self._encode(plan, scan.last_seq + 1) if plan else []
+            appended = self._encode_plan(plan, scan.last_seq + 1) if plan else []
             return RepairReport(session_id, None, "repaired" if plan else "clean",
                                 reason="open transcript" if plan else None, appended=list(appended))
         self._acquire(session_id, owner, 0.0)
@@ -227,7 +234,7 @@ class MemoryStore:
             if not plan:
                 return RepairReport(session_id, None, "clean")
             records = self._sessions[session_id]
-            new = self._encode(plan, len(records) + 1)
+            new = self._encode_plan(plan, len(records) + 1)
             records.extend(new)
             return RepairReport(session_id, None, "repaired", reason="open transcript", appended=list(new))
         finally:

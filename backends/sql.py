@@ -100,6 +100,7 @@ from sessionlog.contract import (
     StoreClosed,
     classify_damage,
     events_list,
+    synthetic_lines,
 )
 from sessionlog.durable import parse_quarantine_name, quarantine_name
 from sessionlog.events import (
@@ -1020,7 +1021,8 @@ class SqlStore:
             return report
         report.status = "repaired"
         report.reason = str(damage.kind) if damage is not None else "open transcript"
-        lines = self.encode_batch(events, scan.last_seq + 1)
+        # Not bounded by the batch limit: one transaction holds any number of rows.
+        lines = synthetic_lines(events, scan.last_seq + 1, record_limit=self.limits.record_limit)
         report.appended = [Record.from_line(line) for line in lines]
         return report
 

@@ -497,6 +497,54 @@ class EventStore(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+def synthetic_lines(events: Sequence[Mapping[str, Any]], first_seq: int, *, record_limit: int) -> list[bytes]:
+    """The record lines (seq from ``first_seq``) of the engine's own synthetic events: a
+    repair's markers, results and closers, or live recovery's. Unlike an append's batch
+    they are not bounded by the batch limit: :func:`durable_batches` splits them.
+    Raises InvalidEvent (a record over the record limit)."""
+    from .events import RecordError, encode_records
+
+    try:
+        return encode_records(events, first_seq, record_limit=record_limit)
+    except RecordError as exc:
+        raise InvalidEvent(exc.reason) from None
+
+
+def durable_batches(lines: Sequence[bytes], batch_limit: int) -> list[list[bytes]]:
+    """``lines`` in order, split into consecutive batches of at most ``batch_limit``
+    bytes each (lines plus newlines), each one durable append.
+
+    The engine's own records must always fit: a repair plan for an assistant message
+    with thousands of calls is larger than one batch. Written in order (markers first,
+    results, closers last), every prefix of the batches is a log the next repair
+    finishes: its tracker sees the results written as answered and plans the rest."""
+    batches: list[list[bytes]] = []
+    size = batch_limit + 1
+    for line in lines:
+        if size + len(line) + 1 > batch_limit:
+            batches.append([])
+            size = 0
+        batches[-1].append(line)
+        size += len(line) + 1
+    return batches
+
+
+def plan_batches(
+    events: Sequence[Mapping[str, Any]], first_seq: int, *, batch_limit: int, record_limit: int
+) -> list[list[Mapping[str, Any]]]:
+    """``events`` (synthetic, appended from ``first_seq``) grouped as :func:`durable_batches`
+    groups their lines: for a caller that appends events through a handle (live step
+    recovery). Pass a ``first_seq`` at least as large as the real one when it is not
+    known: a larger seq only makes the lines longer."""
+    lines = synthetic_lines(events, first_seq, record_limit=record_limit)
+    out: list[list[Mapping[str, Any]]] = []
+    i = 0
+    for batch in durable_batches(lines, batch_limit):
+        out.append(list(events[i:i + len(batch)]))
+        i += len(batch)
+    return out
+
+
 def events_list(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """``events`` as a list, refusing a lone mapping passed where a batch is expected."""
     if isinstance(events, Mapping):

@@ -2,7 +2,7 @@
 
 A runtime runs each step inside a :class:`StepScope` and appends the step's events
 through it. When the step fails after its ``assistant/message`` was committed, the
-scope appends — in one batch, before anything else —
+scope appends — before anything else, in as few batches as the batch limit allows —
 
 1. a synthetic ``tool/result`` for every call of that message without one, in the
    assistant's call order: ``TOOL_OUTCOME_UNKNOWN`` when a durable ``tool/call`` exists,
@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .contract import SequenceConflict, events_list
+from .contract import SequenceConflict, events_list, plan_batches
 from .events import (
     TOOL_CALL,
     TOOL_RESULT,
@@ -183,6 +183,15 @@ class StepScope:
             plan = [e for e in plan if e["type"] != TURN_END]
         return plan
 
+    def batches(self, plan: list[dict[str, Any]]) -> list[list[Mapping[str, Any]]]:
+        """``plan`` in appends that each fit the handle's batch limit, in order: after a
+        crash between two, crash repair finishes what the later ones would have written."""
+        limits = getattr(getattr(self.handle, "store", None), "limits", None)
+        batch_limit = getattr(limits, "batch_limit", 1 << 20)
+        record_limit = getattr(limits, "record_limit", 1 << 20)
+        first = self.last_seq + 1 if self.last_seq is not None else 1 << 62  # unknown: the longest seqs
+        return plan_batches(plan, first, batch_limit=batch_limit, record_limit=record_limit)
+
     def _catch_up(self) -> bool:
         records = getattr(self.handle, "records", None)
         if records is None or self.last_seq is None:
@@ -201,12 +210,13 @@ class StepScope:
                 if not plan:
                     return
                 try:
-                    self._append_now(plan, self.last_seq)
+                    for batch in self.batches(plan):
+                        self._append_now(batch, self.last_seq)
+                        self.recovered.extend(batch)
                 except SequenceConflict:
                     if not self._catch_up():
                         raise
                     continue
-                self.recovered.extend(plan)
                 return
             raise SequenceConflict("the session kept moving while recovery tried to append",
                                    expected=self.last_seq or 0, found=-1)
@@ -223,12 +233,13 @@ class StepScope:
                 if not plan:
                     return
                 try:
-                    await self._append_task(plan, self.last_seq)
+                    for batch in self.batches(plan):
+                        await self._append_task(batch, self.last_seq)
+                        self.recovered.extend(batch)
                 except SequenceConflict:
                     if not await asyncio.to_thread(self._catch_up):
                         raise
                     continue
-                self.recovered.extend(plan)
                 return
             raise SequenceConflict("the session kept moving while recovery tried to append",
                                    expected=self.last_seq or 0, found=-1)

@@ -171,3 +171,14 @@ def test_a_nul_page_inside_a_line_followed_by_records_within_reach_is_zero_fill(
 )
 def test_power_loss_nuls(unit, offset, crash):
     assert power_loss_nuls(unit, offset) is crash
+
+
+def test_durable_batches_keep_order_and_fit():
+    from sessionlog.contract import durable_batches
+
+    lines = [bytes([65 + i % 26]) * (i * 37 % 300 + 1) for i in range(500)]
+    batches = durable_batches(lines, 1000)
+    assert [line for b in batches for line in b] == lines
+    assert all(sum(len(x) + 1 for x in b) <= 1000 for b in batches)
+    assert all(sum(len(x) + 1 for x in a) + len(b[0]) + 1 > 1000 for a, b in zip(batches, batches[1:]))
+    assert durable_batches([], 1000) == []

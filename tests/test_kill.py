@@ -119,3 +119,47 @@ def test_processes_racing_appends_serialize(tmp_path, mode):
         batch = body[k:k + 3]
         assert {(r["who"], r["i"]) for r in batch} == {(batch[0]["who"], batch[0]["i"])}
         assert [r["part"] for r in batch] == [0, 1, 2]
+
+
+REPAIRER = textwrap.dedent(
+    """
+    import os, signal, sys, sessionlog
+    from sessionlog.durable import FileSystem
+
+    class KilledBetweenBatches(FileSystem):
+        syncs = 0
+
+        def fdatasync(self, fd):
+            super().fdatasync(fd)  # this batch of the repair is durable
+            KilledBetweenBatches.syncs += 1
+            if KilledBetweenBatches.syncs == int(sys.argv[2]):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    sessionlog.open_store(sys.argv[1], fs=KilledBetweenBatches()).repair("s")
+    """
+)
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+@pytest.mark.parametrize("killed_after", [1, 2])
+def test_sigkill_between_the_batches_of_a_large_repair(tmp_path, scheme, killed_after):
+    url = f"{scheme}:{tmp_path / 'st'}"
+    store = sessionlog.open_store(url)
+    calls = [{"id": f"call_{i:05d}", "name": "probe", "arguments": {}} for i in range(6000)]
+    store.create("s", [{"type": "turn/start", "turn": "t1"}, {"type": "step/start", "turn": "t1", "step": 1},
+                       {"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+                        "tool_calls": calls}])
+    with open(store.path_of("s"), "ab") as f:
+        f.write(b'{"seq":99,"ts":1,"type":"tool/res')  # a torn tail: the repair writes a marker first
+    plan = store.repair("s", dry_run=True).appended
+    assert sum(len(r.raw) + 1 for r in plan) > 2 << 20  # three batches
+    child = subprocess.run([sys.executable, "-c", REPAIRER, url, str(killed_after)], env=_env(), timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    res = store.scan("s")
+    assert res.damage is None and res.status == "repairable"  # a clean prefix, calls still open
+    assert 0 < len(res.unanswered_calls) < 6000
+    store.repair("s")
+    records = list(store.read("s"))
+    assert answered_exactly_once(records) == []
+    assert [r["type"] for r in records].count("log/truncated") == 1
+    assert store.scan("s").status == "clean"

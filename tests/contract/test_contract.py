@@ -410,3 +410,60 @@ def test_scan_records_after_close_never_return_other_records(store_url):
     assert types(read_before.records) == ["session/start", "a"]
     with pytest.raises(sessionlog.StoreClosed):
         unread.records
+
+
+def _wide_step(n: int = 3000) -> list[dict]:
+    """A step whose assistant message asks for ``n`` calls: its repair plan is larger
+    than one append batch (1 MiB)."""
+    calls = [{"id": f"call_{i:05d}", "name": "probe", "arguments": {}} for i in range(n)]
+    return [
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        {"type": "assistant/message", "turn": "t1", "step": 1, "content": None, "tool_calls": calls},
+        {"type": "tool/call", "turn": "t1", "step": 1, "call_id": "call_00007", "name": "probe"},
+    ]
+
+
+def _answered_once(records) -> None:
+    from sessions import answered_exactly_once
+
+    assert answered_exactly_once(list(records)) == []
+
+
+def test_a_repair_larger_than_one_batch_is_written(store):
+    store.create("s1", _wide_step())
+    assert store.repair("s1", dry_run=True).status == "repaired"
+    rep = store.repair("s1")
+    assert rep.status == "repaired" and len(rep.appended) == 3002
+    assert sum(len(r.raw) + 1 for r in rep.appended) > 1 << 20
+    assert store.scan("s1").status == "clean"
+    records = list(store.read("s1"))
+    _answered_once(records)
+    unknown = [r for r in records if r["type"] == "tool/result" and r.get("code") == TOOL_OUTCOME_UNKNOWN]
+    assert [r["call_id"] for r in unknown] == ["call_00007"]
+    assert store.repair("s1").status == "clean"
+
+
+def test_session_repair_flag_with_a_plan_larger_than_one_batch(store):
+    store.create("s1", _wide_step())
+    with store.session("s1", repair=True) as s:
+        s.append([{"type": "turn/start", "turn": "t2"}])
+    records = list(store.read("s1"))
+    _answered_once(records[:-1])
+    assert records[-1]["type"] == "turn/start"
+
+
+def test_live_step_recovery_larger_than_one_batch(store):
+    from sessionlog import StepScope
+
+    store.create("s1", _wide_step()[:1])
+    with pytest.raises(RuntimeError, match="boom"), store.session("s1") as handle:
+        with StepScope(handle, turn="t1") as step:
+            for event in _wide_step()[1:]:
+                step.append([event])
+            raise RuntimeError("boom")
+    res = store.scan("s1")
+    assert res.status == "clean", res
+    records = list(store.read("s1"))
+    _answered_once(records)
+    assert records[-1]["type"] == "turn/end" and records[-1]["status"] == "error"
