@@ -144,10 +144,11 @@ _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 def decode_row(raw: bytes) -> Record:
-    """A stored row's bytes as a record: it must decode (DESIGN.md section 2) and be one
-    line. Raises RecordError."""
-    if b"\n" in raw or b"\r" in raw:
-        raise RecordError("contains a line break")
+    """A stored row's bytes as a record, by the same rules as one line of a JSONL log: it
+    must decode (DESIGN.md section 2) and hold no newline byte (a bare CR is JSON
+    whitespace inside a line, as it is in a JSONL file). Raises RecordError."""
+    if b"\n" in raw:
+        raise RecordError("spans lines (holds a newline byte)")
     return Record.from_line(raw)
 
 
@@ -568,8 +569,15 @@ class SqlStore:
 
     def encode_batch(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> list[bytes]:
         """Record lines for ``events`` with seq from ``first_seq``; enforces the record and
-        batch limits (InvalidEvent)."""
-        return encode_batch(events, first_seq, self.limits)
+        batch limits (InvalidEvent). A line that would not scan as one row (a newline
+        byte, which only a verbatim ``msgspec.Raw`` value can carry) is InvalidEvent:
+        append never acknowledges what scan refuses."""
+        lines = encode_batch(events, first_seq, self.limits)
+        if any(map(_has_newline, lines)):
+            for i, line in enumerate(lines):
+                if b"\n" in line:
+                    raise InvalidEvent(f"event {i} of the batch spans lines (a msgspec.Raw value holding a newline)")
+        return lines
 
     # -- creating and listing -------------------------------------------------------------
 
@@ -1132,6 +1140,9 @@ def _encoder(store: SqlStore, events: list[Mapping[str, Any]], index: int) -> Ca
             raise blame(exc, index) from None
 
     return encode
+
+
+_has_newline = re.compile(b"\n").search
 
 
 def _is_driver_error(exc: BaseException) -> bool:

@@ -172,8 +172,8 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         last = dst.import_session(sid, stream())
     except SessionExists as exc:
         return ConvertResult(sid, "exists", reason=str(exc))
-    except InvalidEvent as exc:  # SRC changed between its scan and its read
-        return ConvertResult(sid, "error", reason=f"SRC changed while converting: {exc}", scan=scan)
+    except InvalidEvent as exc:  # DST refused a record SRC's scan accepted (or SRC changed since)
+        return ConvertResult(sid, "error", reason=f"DST refused a record read from SRC: {exc}", scan=scan)
     except SessionLogError as exc:
         return ConvertResult(sid, "error", reason=str(exc), scan=scan)
     finally:

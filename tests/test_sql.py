@@ -480,7 +480,7 @@ def test_record_spanning_lines_does_not_decode(store: SqlStore, sql_url: str) ->
        b=b'{"seq":3,\n"ts":1.0,"type":"x"}')
     scan = store.scan("s1")
     assert scan.damage is not None and scan.damage.kind is DamageKind.MID_LOG
-    assert "line break" in scan.damage.reason
+    assert "spans lines" in scan.damage.reason
 
 
 def test_damaged_header_is_not_a_session_log(store: SqlStore, sql_url: str) -> None:
@@ -580,7 +580,7 @@ def test_import_is_all_or_nothing(store: SqlStore, sql_url: str) -> None:
     with pytest.raises(InvalidEvent, match="header"):
         store.import_session("s2", good)
     bad = [good[0], Record(b'{"seq":2,\n"ts":1,"type":"x"}', 2, 1.0, "x")]
-    with pytest.raises(InvalidEvent, match="line break"):
+    with pytest.raises(InvalidEvent, match="spans lines"):
         store.import_session("s1", bad)
     assert store.sessions() == []
     assert store.import_session("s1", good) == 1499
@@ -847,3 +847,81 @@ def test_postgres_too_many_connections_is_io_failure_with_a_hint(pg_schema_url: 
             SqlStore(limited, read_only=True)
     finally:
         db(base, f'DROP ROLE "{role}"')
+
+
+# --- one set of record rules: what append and the JSONL scan accept, SQL accepts ---------
+
+
+_WHITESPACE = st.text(alphabet=" \t\r", max_size=3)
+
+
+def _spaced_line(seq: int, value: Any, ws: list[str]) -> bytes:
+    """A record line for ``value`` with JSON whitespace (space, tab, bare CR) around tokens."""
+    import json
+
+    ws_iter = iter(ws * 50)
+    body = json.dumps({"seq": seq, "ts": 1.5, "type": "note/x", "v": value},
+                      separators=(next(ws_iter, "") + ",", ":" + next(ws_iter, "")), ensure_ascii=False)
+    return (next(ws_iter, "") + body + next(ws_iter, "")).encode()
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300 if os.environ.get("SESSIONLOG_SLOW") else 80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.lists(_json_values, min_size=1, max_size=5), ws=st.lists(_WHITESPACE, min_size=1, max_size=6),
+       junk=st.binary(max_size=12))
+def test_rows_accept_exactly_what_the_jsonl_scan_accepts(values: list[Any], ws: list[str], junk: bytes) -> None:
+    from sessionlog.scan import scan_bytes
+
+    lines = [encode_record(header_event("s"), 1)]
+    lines += [_spaced_line(seq, v, ws) for seq, v in enumerate(values, 2)]
+    lines.append(junk)  # anything at all as the last line: both scanners must agree on it
+    records, _, _ = scan_bytes(b"".join(line + b"\n" for line in lines), session_id="s")
+    rows = RowScan(list(enumerate(lines, 1)), session_id="s", where="test")
+    assert [r.raw for r in rows] == [r.raw for r in records]
+
+
+@pytest.mark.parametrize("value", [b'{"a":\r1}', b'[1,\r\t2]', b'\r"x"\r'])
+def test_raw_value_with_a_carriage_return_scans_clean(store: SqlStore, sql_url: str, value: bytes) -> None:
+    import msgspec
+
+    store.create("s1")
+    assert store.append("s1", [{"type": "note/x", "v": msgspec.Raw(value)}]) == 2
+    scan = store.scan("s1")
+    assert scan.status is Status.CLEAN and scan.damage is None and scan.last_seq == 2
+    assert value in rows_of(sql_url, "s1")[1][1]
+    assert store.append("s1", plain(1)) == 3
+    assert store.scan("s1").status is Status.CLEAN
+
+
+def test_raw_value_with_a_newline_is_refused_or_scans_clean(store: SqlStore) -> None:
+    import msgspec
+
+    store.create("s1")
+    try:
+        store.append("s1", [{"type": "note/x", "v": msgspec.Raw(b'{"a":\n1}')}])
+    except InvalidEvent:
+        assert store.scan("s1").last_seq == 1
+    scan = store.scan("s1")
+    assert scan.status is Status.CLEAN and scan.damage is None
+
+
+def test_convert_jsonl_with_a_bare_carriage_return_to_sql(sql_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = [encode_record(header_event("s1"), 1), b'{"seq":2,"ts":1.0,"type":"note/x",\r"v":[1,\r2]}',
+             b'{"seq":3,\t"ts":2.0,"type":"note/x","v":"a\\r"}\r']
+    original = b"".join(line + b"\n" for line in lines)
+    (src / "s1.jsonl").write_bytes(original)
+    assert cli.main(["scan", f"jsonl:{src}"]) == 0
+    assert cli.main(["convert", f"jsonl:{src}", sql_url]) == 0
+    assert [r for _, r in rows_of(sql_url, "s1")] == lines
+    back = tmp_path / "back"
+    assert cli.main(["convert", sql_url, f"jsonl:{back}"]) == 0
+    assert (back / "s1.jsonl").read_bytes() == original
