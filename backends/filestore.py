@@ -43,6 +43,7 @@ from sessionlog.durable import (
     durable_truncate,
     ensure_name_durable,
     ensure_store_dir,
+    forget_name,
     fsync_dir,
     lock_is_held,
     parse_quarantine_name,
@@ -749,6 +750,7 @@ class FileStore:
                 st = self.fs.stat(path)
                 self.fs.unlink(path)
                 _POISONED.pop((st.st_dev, st.st_ino), None)  # the inode may be reused by a new session
+                forget_name((st.st_dev, st.st_ino))
             except FileNotFoundError:
                 raise SessionNotFound(f"{path}: no such session") from None
             for name in self.quarantines(session_id):

@@ -163,6 +163,12 @@ def ensure_name_durable(fs: FileSystem, directory: str, file: tuple[int, int]) -
     names.add(file)
 
 
+def forget_name(file: tuple[int, int]) -> None:
+    """``file`` was unlinked: its inode number may come back as another file whose name
+    is not durable yet."""
+    _durable_names().discard(file)
+
+
 def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
     """Write every byte of ``data``, looping over short writes."""
     view = memoryview(data)
