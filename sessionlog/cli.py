@@ -89,6 +89,31 @@ def _progress(label: str, total: int | None) -> Iterator[Callable[[int], None]]:
         yield lambda n: bar.advance(task, n)
 
 
+# --- other tools' files (Claude Code transcripts, Codex rollouts) ---------------------
+
+
+def _foreign(args: argparse.Namespace, out: TextIO) -> int | None:
+    """Run scan/repair/show on a Claude Code transcript or Codex rollout (or a directory
+    of them), recognized by content or named by --input-format: sessionlog.foreign does
+    the work and prints its own table or --json rows. None when the target is not one."""
+    from .foreign import command
+
+    try:
+        target = command.claim(args.target, args.input_format)
+    except command.ForeignUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    if target is None:
+        return None
+    if args.command == "scan":
+        return command.run_scan(target, as_json=args.json, out=out)
+    if args.command == "repair":
+        return command.run_repair(target, force=args.force, dry_run=args.dry_run, as_json=args.json, out=out)
+    try:
+        return command.run_show(target, view_format=args.format, check=args.check, out=out)
+    except command.ForeignUsageError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 # --- scan ------------------------------------------------------------------------------
 
 
@@ -123,6 +148,9 @@ def _row_exit(row: dict[str, Any]) -> int:
 
 
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
+    foreign = _foreign(args, out)
+    if foreign is not None:
+        return foreign
     url, session = _target(args.target, args.session)
     rows: list[dict[str, Any]] = []
     codes: list[int] = []
@@ -188,6 +216,9 @@ def _width(out: TextIO) -> int:
 
 
 def cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
+    foreign = _foreign(args, out)
+    if foreign is not None:
+        return foreign
     url, session = _target(args.target, args.session)
     codes: list[int] = []
     reports: list[dict[str, Any]] = []
@@ -255,6 +286,9 @@ def repaired_view(store: EventStore, sid: str, plan: RepairReport) -> Iterator[A
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    foreign = _foreign(args, out)
+    if foreign is not None:
+        return foreign
     url, session = _target(args.target, args.session)
     with _open(url, writing=False) as store:
         ids = _sessions(store, session)
@@ -345,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("target", help="a log file, a store directory, or a store URL (jsonl:DIR, zstd:DIR, sqlite:///FILE, postgresql+psycopg://...)")
         p.add_argument("--session", metavar="ID", help="one session of the store")
+        if name in ("scan", "repair", "show"):
+            p.add_argument("--input-format", choices=("claude-code", "codex"), default=None,
+                           help="read TARGET as a Claude Code transcript or a Codex rollout (default: by content)")
         return p
 
     p = target_cmd("scan", "validate sessions without writing anything")

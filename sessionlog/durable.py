@@ -87,6 +87,9 @@ class FileSystem:
     def fstat(self, fd: int) -> os.stat_result:
         return os.fstat(fd)
 
+    def fchmod(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode)
+
     def stat(self, path: str) -> os.stat_result:
         return os.stat(path, follow_symlinks=False)
 
@@ -225,6 +228,44 @@ def publish_new(fs: FileSystem, directory: str, final_name: str, chunks: Iterabl
         except FileNotFoundError:
             pass
     # The temp's removal need not be durable: a leftover temp is swept when its pid is dead.
+
+
+def publish_replace(
+    fs: FileSystem, directory: str, final_name: str, chunks: Iterable[bytes], *, expect: os.stat_result
+) -> None:
+    """Replace ``directory/final_name`` with ``chunks``, atomically and durably.
+
+    Temp file (O_EXCL|O_NOFOLLOW, the replaced file's mode), fsync, then — only if the
+    name still is the file ``expect`` describes (same inode, size and mtime: nobody
+    replaced or appended to it meanwhile; else FileExistsError and nothing changes) —
+    ``rename`` over it and fsync the directory. After return the new content survives
+    power loss under the same name; a crash before the rename leaves the old file whole.
+    """
+    tmp = os.path.join(directory, temp_name(final_name))
+    final = os.path.join(directory, final_name)
+    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, FILE_MODE)
+    renamed = False
+    try:
+        try:
+            fs.fchmod(fd, stat.S_IMODE(expect.st_mode))
+            for chunk in chunks:
+                write_all(fs, fd, chunk)
+            fs.fsync(fd)  # the new content is durable under the temp name
+        finally:
+            fs.close(fd)
+        now = fs.stat(final)
+        if (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns) != (
+                expect.st_ino, expect.st_dev, expect.st_size, expect.st_mtime_ns):
+            raise FileExistsError(errno.EEXIST, "changed since it was read; nothing replaced", final)
+        fs.rename(tmp, final)
+        renamed = True
+        fsync_dir(fs, directory)  # the rename survives power loss
+    finally:
+        if not renamed:
+            try:
+                fs.unlink(tmp)
+            except FileNotFoundError:
+                pass
 
 
 def durable_append(fs: FileSystem, fd: int, data: bytes, end: int) -> int:

@@ -1,0 +1,168 @@
+"""Other tools' session files: scan, repair and view them like sessionlog's own logs.
+
+An edge of sessionlog: nothing in the core imports this package. One module per foreign
+format, each providing a :class:`ForeignFormat`; :data:`FORMATS` names them, and a third
+format (an Agents SDK session table, a Google ADK or Pydantic AI store) is one more module
+and one more entry there.
+
+What is shared by every format lives beside them: the line model and damage classes
+(:mod:`.lines`), findings and plans (:mod:`.plan`), the answer texts (:mod:`.answers`), the
+file work (:mod:`.files`: in-use checks, backup, quarantine, atomic publish over
+:mod:`sessionlog.durable`), and the command line (:mod:`.command`). A format module itself
+is pure: decoded lines in, findings, a plan and conversation events out.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..contract import Damage, Status
+from .lines import Line, LineDamage, classify, split_lines
+from .plan import Analysis, Finding, Plan, apply
+
+FORMATS: dict[str, str] = {
+    "claude-code": "sessionlog.foreign.claude_code",
+    "codex": "sessionlog.foreign.codex",
+}
+"""Format name (as ``--input-format`` spells it) -> the module whose ``FORMAT`` reads it."""
+
+HEAD_BYTES = 256 * 1024
+"""How much of a file content detection reads."""
+
+
+class ForeignFormat(Protocol):
+    """A reader/repairer for one foreign format. Every method but ``live_records`` is pure.
+
+    - ``name``: the ``--input-format`` name; ``title``: how people call it;
+      ``native_view``: the provider format the tool sends (a :data:`sessionlog.projection.FORMATS` name).
+    - ``sniff(objects, head)``: True when the first decoded objects of a file (or, when
+      its first line is longer than the head, the head's raw bytes) are this format's.
+    - ``analyze(lines)``: findings and the plan that repairs them, over a file's lines
+      (undecodable lines are the caller's: ignore them).
+    - ``events(lines)``: the conversation the tool resumes, as sessionlog records for
+      :func:`sessionlog.projection.project`.
+    - ``native_items(lines)``: that conversation as the tool sends it, in ``native_view``,
+      without fixing anything: what :func:`sessionlog.projection.check_pairing` judges.
+    - ``live_records(path)``: the tool's own per-process records naming this file as in
+      use by a live process (one sentence each); empty when none do.
+    """
+
+    name: str
+    title: str
+    native_view: str
+
+    def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool: ...
+    def analyze(self, lines: list[Line]) -> Analysis: ...
+    def events(self, lines: list[Line]) -> list[dict[str, Any]]: ...
+    def native_items(self, lines: list[Line]) -> list[dict[str, Any]]: ...
+    def live_records(self, path: str) -> list[str]: ...
+
+
+def get(name: str) -> ForeignFormat:
+    """The format called ``name``; KeyError for an unknown name."""
+    return importlib.import_module(FORMATS[name]).FORMAT  # type: ignore[no-any-return]
+
+
+def sniff(head: bytes) -> ForeignFormat | None:
+    """The foreign format a file's first bytes are, by content, or None."""
+    objects = [line.obj for line in split_lines(head)[:8] if line.obj is not None and line.terminated]
+    for name in FORMATS:
+        fmt = get(name)
+        if fmt.sniff(objects, head):
+            return fmt
+    return None
+
+
+@dataclass(slots=True)
+class Examination:
+    """A foreign file examined, without writing: its lines, the undecodable ones
+    (``damage``), what the format found (``analysis``), and ``plan``: everything a repair
+    (with ``force``) would do, undecodable lines included."""
+
+    format: ForeignFormat
+    size: int
+    lines: list[Line]
+    damage: LineDamage
+    analysis: Analysis
+    plan: Plan
+    force: bool
+
+    @property
+    def tail_damage(self) -> Damage | None:
+        return self.damage.damage(self.size)
+
+    @property
+    def needs_force(self) -> bool:
+        return bool(self.damage.mid_log)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.analysis.findings
+
+    def status(self, in_use: bool = False) -> Status:
+        """clean, open (a live process uses the file), repairable or needs-force."""
+        if in_use:
+            return Status.OPEN
+        if self.needs_force:
+            return Status.NEEDS_FORCE
+        if not self.plan.empty:
+            return Status.REPAIRABLE
+        return Status.CLEAN
+
+    def repaired(self) -> bytes:
+        """The file as the plan leaves it (built in memory)."""
+        return b"".join(apply(self.lines, self.plan))
+
+    def repaired_lines(self) -> list[Line]:
+        return split_lines(self.repaired()) if not self.plan.empty else self.lines
+
+
+def examine(data: bytes, fmt: ForeignFormat, *, force: bool = False) -> Examination:
+    """Examine ``data`` as ``fmt``: pure. The plan quarantines the undecodable tail always
+    and mid-log lines only with ``force``; a repair without force refuses mid-log damage."""
+    lines = split_lines(data)
+    damage = classify(lines)
+    analysis = fmt.analyze(lines)
+    plan = analysis.plan
+    for line in damage.tail:
+        plan.drop[line.index] = str(damage.tail_kind)
+    if force:
+        for line in damage.mid_log:
+            plan.drop[line.index] = "mid-log"
+    last = lines[-1] if lines else None
+    if last is not None and last.obj is not None and not last.terminated:
+        plan.terminate = last.index
+        analysis.findings.append(Finding("missing-newline", last.number,
+                                         "the last line is complete but lacks its newline"))
+    return Examination(fmt, len(data), lines, damage, analysis, plan, force)
+
+
+def content_text(content: Any) -> str:
+    """Text of a message or result ``content``: a string, or the text of its blocks
+    (other blocks named in brackets, e.g. ``[image]``)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, Mapping):
+                kind = block.get("type")
+                text = block.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+                elif kind in ("tool_result",):
+                    parts.append(content_text(block.get("content")))
+                else:
+                    parts.append(f"[{kind}]")
+            elif isinstance(block, str):
+                parts.append(block)
+        return "\n".join(parts)
+    return str(content)
+
+
+__all__ = ["FORMATS", "Examination", "ForeignFormat", "examine", "get", "sniff"]

@@ -1,0 +1,578 @@
+"""Claude Code transcripts (``~/.claude/projects/<slug>/<session-id>.jsonl``).
+
+The conversation is a tree of entries linked by ``parentUuid``; resume walks it back from
+the newest leaf. What this module relies on (and what it leaves alone):
+
+- One API response is several assistant entries sharing ``message.id``, each chained to
+  the one before (possibly with results in between): they are one assistant message, a
+  *group*. Its ``tool_use`` blocks are answered by ``tool_result`` blocks of the user
+  entries chained after it; parallel results may branch off the group as siblings.
+- The owner of a result entry is the assistant entry above it, walking ``parentUuid``
+  through result entries, meta user entries and entries the API never sees (``system``
+  other than ``compact_boundary``, ``progress``, ``attachment``). A ``tool_result`` whose
+  owner did not ask for it (or repeats an answer on its path) is an orphan.
+- ``compact_boundary`` entries start a new chain (``parentUuid`` null,
+  ``logicalParentUuid`` for display): nothing is linked across them.
+- Sidechain entries (``isSidechain``, subagents) are answered inside their sidechain: the
+  answer copies the asking entry's ``isSidechain`` and ``agentId``.
+
+Repair, in Claude Code's own interrupted-call form: one user entry per group with
+unanswered calls, holding a ``tool_result`` block (``is_error: true``) per missing answer,
+``toolDenialKind: "interrupted"`` and ``sourceToolAssistantUUID``, chained after the group's
+last entry (after its existing results), inserted right after that line; whatever was
+chained there before is re-parented to the new entry, so the resumed chain keeps the
+conversation that followed. Orphan results become text blocks (kept, not dropped).
+
+Evidence that a call started (``TOOL_OUTCOME_UNKNOWN`` rather than ``TOOL_NOT_STARTED``): a
+record other than the asking entry and the results that names the ``tool_use`` id in
+``toolUseID``, ``parentToolUseID`` or ``tool_use_id`` (tool progress, a subagent's records),
+except a ``PreToolUse`` hook's progress (the hook runs before the tool is allowed to start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+from collections.abc import Mapping
+from typing import Any
+
+from . import content_text
+from .answers import answer_code, answer_text, orphan_text
+from .lines import Line, decode_line, encode_entry
+from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
+
+CONVERSATION = frozenset({"user", "assistant"})
+TYPES = frozenset({
+    "user", "assistant", "system", "summary", "attachment", "file-history-snapshot",
+    "queue-operation", "progress", "ai-title", "custom-title", "agent-name", "last-prompt",
+    "permission-mode", "pr-link", "worktree-state",
+})
+COPIED = ("isSidechain", "userType", "entrypoint", "cwd", "sessionId", "version", "gitBranch",
+          "agentId", "slug")
+"""Members the answer entry copies from the entry that asked, in Claude Code's order."""
+EVIDENCE_KEYS = ("toolUseID", "parentToolUseID", "tool_use_id")
+_NAMESPACE = uuidlib.UUID("4f1d3c52-6b0e-4c8a-9a53-5e55107a0c13")
+
+
+def _message(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    message = obj.get("message")
+    return message if isinstance(message, Mapping) else {}
+
+
+def _blocks(obj: Mapping[str, Any]) -> list[Any]:
+    content = _message(obj).get("content")
+    return content if isinstance(content, list) else []
+
+
+def _is_result_entry(obj: Mapping[str, Any]) -> bool:
+    return obj.get("type") == "user" and any(
+        isinstance(b, Mapping) and b.get("type") == "tool_result" for b in _blocks(obj))
+
+
+def _passes_through(obj: Mapping[str, Any]) -> bool:
+    """Entries an owner walk steps over: results, meta user entries, and what the API
+    never sees. A compact boundary stops it (it has no parent anyway)."""
+    kind = obj.get("type")
+    if kind == "user":
+        return _is_result_entry(obj) or obj.get("isMeta") is True
+    if kind == "system":
+        return obj.get("subtype") != "compact_boundary"
+    return kind in ("progress", "attachment")
+
+
+class _Group:
+    """One assistant message: the entries of one response, in chain order."""
+
+    __slots__ = ("key", "entries", "uses", "names", "answered", "results")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.entries: list[int] = []
+        self.uses: list[str] = []
+        self.names: dict[str, str] = {}
+        self.answered: set[str] = set()
+        self.results: list[int] = []  # result entries it owns, file order
+
+
+class _Tree:
+    """The entries of one transcript and the links between them."""
+
+    def __init__(self, lines: list[Line]) -> None:
+        self.lines = lines
+        self.by_uuid: dict[str, int] = {}
+        self.children: dict[str, list[int]] = {}
+        self.entries: list[int] = []
+        for line in lines:
+            obj = line.obj
+            if obj is None:
+                continue
+            uid = obj.get("uuid")
+            if not isinstance(uid, str) or obj.get("type") not in CONVERSATION | {"system", "progress", "attachment"}:
+                continue
+            if uid in self.by_uuid:
+                continue  # a line repeated with its uuid: Claude Code keeps one entry per uuid
+            self.by_uuid[uid] = line.index
+            self.entries.append(line.index)
+            parent = obj.get("parentUuid")
+            if isinstance(parent, str):
+                self.children.setdefault(parent, []).append(line.index)
+        self._group_of: dict[int, _Group] = {}
+        self._owner: dict[int, int | None] = {}
+
+    def obj(self, index: int) -> dict[str, Any]:
+        obj = self.lines[index].obj
+        assert obj is not None
+        return obj
+
+    def parent(self, index: int) -> int | None:
+        parent = self.obj(index).get("parentUuid")
+        return self.by_uuid.get(parent) if isinstance(parent, str) else None
+
+    def owner(self, index: int) -> int | None:
+        """The assistant entry above ``index``, walking through what passes through."""
+        if index in self._owner:
+            return self._owner[index]
+        seen = {index}
+        cur = self.parent(index)
+        while cur is not None and cur not in seen and self.obj(cur).get("type") != "assistant":
+            if not _passes_through(self.obj(cur)):
+                cur = None
+                break
+            seen.add(cur)
+            cur = self.parent(cur)
+        if cur in seen:
+            cur = None
+        self._owner[index] = cur
+        return cur
+
+    def group(self, index: int) -> _Group:
+        """The group of assistant entry ``index`` (created on first sight)."""
+        path: list[int] = []
+        cur: int | None = index
+        found: _Group | None = None
+        while cur is not None and cur not in path:
+            if cur in self._group_of:
+                found = self._group_of[cur]
+                break
+            path.append(cur)
+            above = self.owner(cur)
+            mid = _message(self.obj(cur)).get("id")
+            if above is None or mid is None or _message(self.obj(above)).get("id") != mid:
+                break
+            cur = above
+        for i in reversed(path):
+            if found is None:
+                found = _Group(str(self.obj(i).get("uuid")))
+            self._group_of[i] = found
+        assert found is not None
+        return found
+
+
+def _groups(tree: _Tree) -> tuple[list[_Group], list[tuple[int, int, str, str]]]:
+    """Every group with its calls and answers, and the orphan or duplicate results found:
+    (line index, block position, block's tool_use_id, kind)."""
+    groups: dict[int, _Group] = {}
+    for index in tree.entries:
+        obj = tree.obj(index)
+        if obj.get("type") != "assistant":
+            continue
+        group = tree.group(index)
+        groups.setdefault(id(group), group)
+        group.entries.append(index)
+        for block in _blocks(obj):
+            if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                use = block.get("id")
+                if isinstance(use, str) and use not in group.names:
+                    group.uses.append(use)
+                    group.names[use] = str(block.get("name"))
+    bad: list[tuple[int, int, str, str]] = []
+    answered_on_path: dict[int, set[str]] = {}
+    for index in tree.entries:
+        obj = tree.obj(index)
+        if not _is_result_entry(obj):
+            continue
+        owner = tree.owner(index)
+        group = tree.group(owner) if owner is not None else None
+        if group is not None:
+            group.results.append(index)
+        above = _answered_above(tree, index, owner, answered_on_path)
+        here: set[str] = set()
+        for position, block in enumerate(_blocks(obj)):
+            if not (isinstance(block, Mapping) and block.get("type") == "tool_result"):
+                continue
+            rid = block.get("tool_use_id")
+            rid = rid if isinstance(rid, str) else ""
+            if group is None or rid not in group.names:
+                bad.append((index, position, rid, ORPHAN_RESULT))
+            elif rid in above or rid in here:
+                bad.append((index, position, rid, DUPLICATE_RESULT))
+            else:
+                here.add(rid)
+                group.answered.add(rid)
+        answered_on_path[index] = above | here
+    return list(groups.values()), bad
+
+
+def _answered_above(tree: _Tree, index: int, owner: int | None, memo: dict[int, set[str]]) -> set[str]:
+    """Ids answered by result entries between ``index`` and its owner."""
+    cur = tree.parent(index)
+    while cur is not None and cur != owner:
+        if cur in memo:
+            return memo[cur]
+        cur = tree.parent(cur)
+    return set()
+
+
+def _evidence(lines: list[Line], asking: set[int], results: set[int]) -> dict[str, str]:
+    """call id -> where the file shows that the call started."""
+    found: dict[str, str] = {}
+    for line in lines:
+        obj = line.obj
+        if obj is None or line.index in asking or line.index in results:
+            continue
+        data = obj.get("data")
+        if isinstance(data, Mapping) and data.get("hookEvent") == "PreToolUse":
+            continue
+        for key in EVIDENCE_KEYS:
+            value = obj.get(key)
+            if isinstance(value, str) and value not in found:
+                found[value] = f"line {line.number}: a {obj.get('type')} record names it in {key}"
+    return found
+
+
+def _reparented(line: Line, new_parent: str) -> bytes:
+    """``line`` with ``parentUuid`` set to ``new_parent``: the one member changed in
+    place when the bytes allow it, else the object re-encoded (members in order)."""
+    obj = dict(line.obj or {})
+    old = obj.get("parentUuid")
+    obj["parentUuid"] = new_parent
+    if isinstance(old, str):
+        needle = b'"parentUuid":' + json.dumps(old).encode()
+        if line.raw.count(needle) == 1:
+            raw = line.raw.replace(needle, b'"parentUuid":' + json.dumps(new_parent).encode())
+            if decode_line(raw.rstrip(b"\n")) == obj:
+                return raw if raw.endswith(b"\n") else raw + b"\n"
+    return encode_entry(obj)
+
+
+def _answer_entry(asker: Mapping[str, Any], parent: str, calls: list[tuple[str, str, str | None]]) -> dict[str, Any]:
+    """Claude Code's interrupted-call form for ``calls`` ((id, tool name, evidence))."""
+    ids = ",".join(c[0] for c in calls)
+    entry: dict[str, Any] = {"parentUuid": parent}
+    for key in COPIED:
+        if key in asker:
+            entry[key] = asker[key]
+    entry["type"] = "user"
+    entry["message"] = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": cid, "content": answer_text(name, cid, evidence), "is_error": True}
+        for cid, name, evidence in calls
+    ]}
+    entry["uuid"] = str(uuidlib.uuid5(_NAMESPACE, f"{asker.get('uuid')}/{parent}/{ids}"))
+    if "timestamp" in asker:
+        entry["timestamp"] = asker["timestamp"]
+    entry["toolUseResult"] = "Error: " + "; ".join(f"{answer_code(e)} ({cid})" for cid, _, e in calls)
+    entry["toolDenialKind"] = "interrupted"
+    entry["sourceToolAssistantUUID"] = asker.get("uuid")
+    entry["sessionlogRecovery"] = [{"tool_use_id": cid, "code": answer_code(e), "evidence": e}
+                                   for cid, _, e in calls]
+    return entry
+
+
+class ClaudeCode:
+    """The Claude Code transcript reader/repairer."""
+
+    name = "claude-code"
+    title = "Claude Code transcript"
+    native_view = "anthropic"
+
+    def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool:
+        for obj in objects:
+            kind = obj.get("type")
+            if "payload" in obj or "seq" in obj or kind not in TYPES:
+                return False
+            if ("uuid" in obj and "parentUuid" in obj) or "sessionId" in obj or "leafUuid" in obj \
+                    or kind == "file-history-snapshot":
+                return True
+        if not objects:
+            return head.startswith((b'{"parentUuid":', b'{"type":"summary"', b'{"type":"file-history-snapshot"'))
+        return False
+
+    # --- scan and plan -------------------------------------------------------------------
+
+    def analyze(self, lines: list[Line]) -> Analysis:
+        tree = _Tree(lines)
+        groups, bad = _groups(tree)
+        analysis = Analysis()
+        plan = analysis.plan
+        asking = {i for g in groups for i in g.entries}
+        results = {i for g in groups for i in g.results}
+        evidence = _evidence(lines, asking, results)
+        new_parent: dict[int, str] = {}
+        bad_at: dict[int, set[int]] = {}
+        for index, position, _, _ in bad:
+            bad_at.setdefault(index, set()).add(position)
+
+        def stays_result(index: int) -> bool:
+            # A result entry that keeps a tool_result block once orphans become text.
+            return any(isinstance(b, Mapping) and b.get("type") == "tool_result" and p not in bad_at.get(index, ())
+                       for p, b in enumerate(_blocks(tree.obj(index))))
+
+        for group in groups:
+            missing = [u for u in group.uses if u not in group.answered]
+            if not missing:
+                continue
+            point = max(group.entries)
+            while True:
+                uid = tree.obj(point).get("uuid")
+                kids = [k for k in tree.children.get(str(uid), ())
+                        if k in results and stays_result(k) and tree.group(tree.owner(k)) is group]
+                if not kids:
+                    break
+                point = kids[-1]
+            asker = tree.obj(max(group.entries))
+            parent = str(tree.obj(point).get("uuid"))
+            calls = [(u, group.names[u], evidence.get(u)) for u in missing]
+            entry = _answer_entry(asker, parent, calls)
+            plan.insert(point, encode_entry(entry))
+            for kid in tree.children.get(parent, ()):
+                new_parent[kid] = entry["uuid"]
+            for cid, name, ev in calls:
+                code = answer_code(ev)
+                analysis.unanswered.append(cid)
+                analysis.findings.append(Finding(
+                    UNANSWERED_CALL, lines[min(i for i in group.entries if cid in _uses_of(tree.obj(i)))].number,
+                    f"tool_use {cid} ({name}) has no tool_result; repair answers it {code}"
+                    + (f" ({ev})" if ev else ""), call_id=cid, code=code))
+                plan.added.append({"type": "tool_result", "call_id": cid, "code": code,
+                                   "after_line": lines[point].number})
+        orphans = bad_at
+        for index, position, rid, kind in bad:
+            analysis.orphans.append(rid)
+            analysis.findings.append(Finding(
+                kind, lines[index].number,
+                f"tool_result for {rid!r} " + ("answers no tool_use of the message before it"
+                                               if kind == ORPHAN_RESULT else "repeats an earlier answer")
+                + "; repair keeps it as a text block", call_id=rid))
+        for index in sorted(set(new_parent) | set(orphans)):
+            if index in orphans:
+                obj = dict(tree.obj(index))
+                if index in new_parent:
+                    obj["parentUuid"] = new_parent[index]
+                obj["message"] = _textified(obj, orphans[index])
+                plan.replace[index] = encode_entry(obj)
+            else:
+                plan.replace[index] = _reparented(lines[index], new_parent[index])
+        for index in tree.entries:
+            parent = tree.obj(index).get("parentUuid")
+            if isinstance(parent, str) and parent not in tree.by_uuid:
+                analysis.findings.append(Finding(
+                    BROKEN_CHAIN, lines[index].number,
+                    f"parentUuid {parent} names no entry of this file: resume loses what came before",
+                    repairable=False))
+        return analysis
+
+    # --- views ---------------------------------------------------------------------------
+
+    def _chain(self, tree: _Tree) -> list[int]:
+        """The resumed chain: from the newest leaf back to its root, in order."""
+        conv = [i for i in tree.entries if tree.obj(i).get("type") in CONVERSATION]
+        main = [i for i in conv if tree.obj(i).get("isSidechain") is not True] or conv
+        if not main:
+            return []
+        cur = main[-1]
+        seen = {cur}
+        while True:
+            kids = [k for k in tree.children.get(str(tree.obj(cur).get("uuid")), ())
+                    if tree.obj(k).get("type") in CONVERSATION and k not in seen]
+            if not kids:
+                break
+            cur = kids[-1]
+            seen.add(cur)
+        chain = []
+        node: int | None = cur
+        visited: set[int] = set()
+        while node is not None and node not in visited:
+            visited.add(node)
+            chain.append(node)
+            node = tree.parent(node)
+        return chain[::-1]
+
+    def _turns(self, lines: list[Line]) -> list[tuple[str, list[Any], list[Any]]]:
+        """The resumed conversation as (role, blocks, result blocks) messages: an assistant
+        message per group with the results it owns (on the chain, then off it for ids not
+        yet answered: parallel results that branched), a user message per other entry."""
+        tree = _Tree(lines)
+        groups, _ = _groups(tree)
+        group_of = {i: g for g in groups for i in g.entries}
+        turns: list[tuple[str, list[Any], list[Any]]] = []
+        current: _Group | None = None
+        chain = self._chain(tree)
+        on_chain = set(chain)
+        emitted: set[int] = set()
+
+        def close() -> None:
+            nonlocal current
+            if current is None:
+                return
+            blocks: list[Any] = []
+            ids: set[str] = set()
+            ordered = [r for r in current.results if r in on_chain] + [r for r in current.results if r not in on_chain]
+            for r in ordered:
+                rblocks = [b for b in _blocks(tree.obj(r)) if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+                if r not in on_chain and any(b.get("tool_use_id") in ids for b in rblocks):
+                    continue
+                emitted.add(r)
+                ids.update(str(b.get("tool_use_id")) for b in rblocks)
+                blocks.extend(_blocks(tree.obj(r)))
+            order = {u: i for i, u in enumerate(current.uses)}
+            blocks.sort(key=lambda b: order.get(b.get("tool_use_id"), len(order))
+                        if isinstance(b, Mapping) and b.get("type") == "tool_result" else len(order) + 1)
+            turns.append(("results", blocks, []))
+            current = None
+
+        for index in chain:
+            obj = tree.obj(index)
+            kind = obj.get("type")
+            if kind == "assistant":
+                group = group_of[index]
+                if group is not current:
+                    close()
+                    current = group
+                    turns.append(("assistant", [], []))
+                content = _message(obj).get("content")
+                turns[-1][1].extend(content if isinstance(content, list) else
+                                    [{"type": "text", "text": content}] if isinstance(content, str) else [])
+            elif kind == "user":
+                if current is not None and index in current.results:
+                    continue
+                close()
+                if index in emitted:
+                    continue
+                content = _message(obj).get("content")
+                turns.append(("user", content if isinstance(content, list) else
+                              [{"type": "text", "text": content}] if isinstance(content, str) else [], []))
+        close()
+        return turns
+
+    def native_items(self, lines: list[Line]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for role, blocks, _ in self._turns(lines):
+            role = "user" if role == "results" else role
+            if not blocks:
+                continue
+            if items and items[-1]["role"] == role:
+                items[-1]["content"].extend(blocks)
+            else:
+                items.append({"role": role, "content": list(blocks)})
+        return items
+
+    def events(self, lines: list[Line]) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+
+        def add(record: dict[str, Any]) -> None:
+            record.update(seq=len(records) + 1, ts=0.0)
+            records.append(record)
+
+        for role, blocks, _ in self._turns(lines):
+            if role == "assistant":
+                calls = [{"id": b.get("id"), "name": b.get("name"), "arguments": b.get("input")}
+                         for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+                text = content_text([b for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"])
+                add({"type": "assistant/message", "content": text or None, "tool_calls": calls})
+                continue
+            others = []
+            for b in blocks:
+                if isinstance(b, Mapping) and b.get("type") == "tool_result":
+                    add({"type": "tool/result", "call_id": b.get("tool_use_id"),
+                         "output": content_text(b.get("content")), "is_error": b.get("is_error") is True})
+                else:
+                    others.append(b)
+            text = content_text(others)
+            if text:
+                add({"type": "user/message", "content": text})
+        return records
+
+    # --- the tool's own per-process records ----------------------------------------------
+
+    def live_records(self, path: str) -> list[str]:
+        """``<claude dir>/sessions/<pid>.json`` records (``pid``, ``sessionId``) of live
+        processes naming this transcript's session. The claude dir is the one the file
+        lives under (``<dir>/projects/<slug>/...``), else ``$CLAUDE_CONFIG_DIR`` or
+        ``~/.claude``."""
+        session = _session_of(path)
+        found = []
+        for directory in _claude_dirs(path):
+            sessions = os.path.join(directory, "sessions")
+            try:
+                names = os.listdir(sessions)
+            except OSError:
+                continue
+            for name in names:
+                if not name.endswith(".json"):
+                    continue
+                try:
+                    with open(os.path.join(sessions, name), "rb") as f:
+                        record = json.loads(f.read(65536))
+                except (OSError, ValueError):
+                    continue
+                if not isinstance(record, dict) or record.get("sessionId") != session:
+                    continue
+                pid = record.get("pid")
+                if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+                    found.append(f"Claude Code process {pid} runs this session ({os.path.join(sessions, name)})")
+        return found
+
+
+def _uses_of(obj: Mapping[str, Any]) -> set[str]:
+    return {b.get("id") for b in _blocks(obj) if isinstance(b, Mapping) and b.get("type") == "tool_use"}
+
+
+def _textified(obj: Mapping[str, Any], bad: set[int]) -> dict[str, Any]:
+    """The entry's message with the ``tool_result`` blocks at positions ``bad`` turned into
+    text blocks, placed after the blocks that stay."""
+    message = dict(_message(obj))
+    keep: list[Any] = []
+    moved: list[Any] = []
+    for position, block in enumerate(_blocks(obj)):
+        if position in bad:
+            rid = str(block.get("tool_use_id"))
+            moved.append({"type": "text", "text": orphan_text(rid) + "\n" + content_text(block.get("content"))})
+            continue
+        keep.append(block)
+    message["content"] = keep + moved
+    return message
+
+
+def _session_of(path: str) -> str:
+    """The session a transcript belongs to: its file name, or for a subagent file
+    (``<session>/subagents/agent-*.jsonl``) the directory above ``subagents``."""
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    if parent == "subagents":
+        return os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    name = os.path.basename(path)
+    return name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+
+
+def _claude_dirs(path: str) -> list[str]:
+    dirs = []
+    parts = os.path.abspath(path).split(os.sep)
+    if "projects" in parts:
+        at = len(parts) - 1 - parts[::-1].index("projects")
+        dirs.append(os.sep.join(parts[:at]) or os.sep)
+    env = os.environ.get("CLAUDE_CONFIG_DIR")
+    dirs.append(env if env else os.path.join(os.path.expanduser("~"), ".claude"))
+    return list(dict.fromkeys(dirs))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+FORMAT = ClaudeCode()

@@ -1,0 +1,290 @@
+"""Codex CLI rollouts (``~/.codex/sessions/YYYY/MM/DD/rollout-<timestamp>-<id>.jsonl``).
+
+Lines are ``{"timestamp", "type", "payload"}`` (newer builds add ``ordinal``). What this
+module relies on:
+
+- Calls and outputs are ``response_item`` payloads paired by ``call_id``:
+  ``function_call`` and ``local_shell_call`` are answered by ``function_call_output``,
+  ``custom_tool_call`` by ``custom_tool_call_output``, ``tool_search_call`` by
+  ``tool_search_output``. ``event_msg`` records mirror them for the UI and never pair.
+- A ``compacted`` line replaces the history Codex resumes with its
+  ``replacement_history``: pairing restarts there, with the calls and outputs it holds.
+
+Repair, in the shape Codex itself uses when it patches a prompt: for each call without an
+output, an output item with the same ``call_id`` carrying sessionlog's recovery text and
+code, placed after the call and the items of the same response (before the next
+``message`` or ``compacted`` line; at the end of the file when there is none, which makes the
+repair a durable append). Its ``timestamp`` is the preceding line's (a string, as Codex
+writes); at the end of a file whose lines carry ``ordinal`` it continues them, elsewhere it
+carries none (renumbering the lines after it would rewrite them). An output whose call is
+missing, or a second output for a call, is removed into the quarantine file, as Codex
+drops them from the prompt it builds. The file stays at its path (Codex's SQLite index names
+it).
+
+Evidence that a call started (``TOOL_OUTCOME_UNKNOWN``): an ``event_msg`` naming its
+``call_id`` (``exec_command_begin``/``end``, ``patch_apply_begin``, ``mcp_tool_call_begin``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from . import content_text
+from .answers import answer_code, answer_text
+from .lines import Line, encode_entry
+from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
+
+TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
+ANSWER = {
+    "function_call": "function_call_output",
+    "local_shell_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "tool_search_call": "tool_search_output",
+}
+OUTPUTS = frozenset(ANSWER.values())
+
+
+def _payload(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    payload = obj.get("payload")
+    return payload if isinstance(payload, Mapping) else {}
+
+
+def _call_id(item: Mapping[str, Any]) -> str | None:
+    cid = item.get("call_id")
+    if not isinstance(cid, str) and item.get("type") == "local_shell_call":
+        cid = item.get("id")
+    return cid if isinstance(cid, str) and cid else None
+
+
+def _tool_name(item: Mapping[str, Any]) -> str:
+    name = item.get("name")
+    return name if isinstance(name, str) else str(item.get("type"))
+
+
+def _history(lines: list[Line]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The items Codex resumes with, as (line index, item): ``response_item`` payloads in
+    order, restarted by each ``compacted`` line's ``replacement_history``."""
+    history: list[tuple[int, Mapping[str, Any]]] = []
+    for line in lines:
+        obj = line.obj
+        if obj is None:
+            continue
+        kind = obj.get("type")
+        if kind == "compacted":
+            replacement = _payload(obj).get("replacement_history")
+            history = [(line.index, item) for item in replacement if isinstance(item, Mapping)] \
+                if isinstance(replacement, list) else []
+            message = _payload(obj).get("message")
+            if not isinstance(replacement, list) and isinstance(message, str):
+                history = [(line.index, {"type": "message", "role": "user",
+                                         "content": [{"type": "input_text", "text": message}]})]
+        elif kind == "response_item":
+            history.append((line.index, _payload(obj)))
+    return history
+
+
+def _epochs(lines: list[Line]) -> list[list[tuple[int, Mapping[str, Any]]]]:
+    """Every stretch pairing happens in: the lines before the first ``compacted``, then
+    each ``compacted`` line's replacement history with the lines up to the next one."""
+    epochs: list[list[tuple[int, Mapping[str, Any]]]] = [[]]
+    for line in lines:
+        obj = line.obj
+        if obj is None:
+            continue
+        if obj.get("type") == "compacted":
+            replacement = _payload(obj).get("replacement_history")
+            epochs.append([(line.index, item) for item in replacement if isinstance(item, Mapping)]
+                          if isinstance(replacement, list) else [])
+        elif obj.get("type") == "response_item":
+            epochs[-1].append((line.index, _payload(obj)))
+    return epochs
+
+
+class Codex:
+    """The Codex rollout reader/repairer."""
+
+    name = "codex"
+    title = "Codex rollout"
+    native_view = "responses"
+
+    def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool:
+        for obj in objects:
+            return (obj.get("type") in TYPES and isinstance(obj.get("timestamp"), str)
+                    and isinstance(obj.get("payload"), Mapping))
+        return head.startswith(b'{"timestamp":"') and any(
+            f'","type":"{t}"'.encode() in head[:80] for t in TYPES)
+
+    def analyze(self, lines: list[Line]) -> Analysis:
+        analysis = Analysis()
+        plan = analysis.plan
+        evidence: dict[str, str] = {}
+        ordinals = [obj["ordinal"] for line in lines if (obj := line.obj) is not None
+                    and isinstance(obj.get("ordinal"), int)]
+        next_ordinal = max(ordinals) + 1 if ordinals else None
+        for line in lines:
+            obj = line.obj
+            if obj is not None and obj.get("type") == "session_meta":
+                sid = _payload(obj).get("id")
+                analysis.session = sid if isinstance(sid, str) and analysis.session is None else analysis.session
+            if obj is not None and obj.get("type") == "event_msg":
+                cid = _payload(obj).get("call_id")
+                if isinstance(cid, str) and cid not in evidence:
+                    evidence[cid] = f"line {line.number}: event_msg {_payload(obj).get('type')}"
+        last = len(lines) - 1
+        for epoch in _epochs(lines):
+            calls: dict[str, tuple[int, Mapping[str, Any]]] = {}
+            answered: set[str] = set()
+            for index, item in epoch:
+                kind = item.get("type")
+                cid = _call_id(item)
+                if kind in ANSWER and cid is not None:
+                    if cid not in calls:
+                        calls[cid] = (index, item)
+                    elif lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
+                        plan.drop[index] = DUPLICATE_CALL
+                        analysis.findings.append(Finding(
+                            DUPLICATE_CALL, lines[index].number,
+                            f"{kind} {cid} repeats a call already made (line {lines[calls[cid][0]].number}); "
+                            "repair moves the line to the quarantine file", call_id=cid))
+                elif kind in OUTPUTS:
+                    cid = cid or ""
+                    bad = ORPHAN_RESULT if cid not in calls else DUPLICATE_RESULT if cid in answered else None
+                    if bad is None:
+                        answered.add(cid)
+                    elif lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
+                        plan.drop[index] = bad
+                        analysis.orphans.append(cid)
+                        analysis.findings.append(Finding(
+                            bad, lines[index].number,
+                            f"{kind} for {cid!r} " + ("answers no call before it" if bad == ORPHAN_RESULT
+                                                      else "is a second output for its call")
+                            + "; repair moves the line to the quarantine file (Codex drops it too)",
+                            call_id=cid))
+                    else:
+                        analysis.findings.append(Finding(
+                            bad, lines[index].number, f"{kind} for {cid!r} inside a compacted history has no "
+                            "call; left as it is", call_id=cid, repairable=False))
+            for cid, (index, item) in calls.items():
+                if cid in answered:
+                    continue
+                after = self._answer_point(lines, index)
+                ev = evidence.get(cid)
+                code = answer_code(ev)
+                template = lines[after].obj if lines[after].obj is not None else lines[index].obj or {}
+                ordinal = None
+                if after == last and next_ordinal is not None:
+                    ordinal, next_ordinal = next_ordinal, next_ordinal + 1
+                plan.insert(after, encode_entry(_output_line(template, item, cid, answer_text(
+                    _tool_name(item), cid, ev), ordinal)))
+                plan.added.append({"type": ANSWER[str(item.get("type"))], "call_id": cid, "code": code,
+                                   "after_line": lines[after].number})
+                analysis.unanswered.append(cid)
+                analysis.findings.append(Finding(
+                    UNANSWERED_CALL, lines[index].number,
+                    f"{item.get('type')} {cid} ({_tool_name(item)}) has no output; repair answers it {code}"
+                    + (f" ({ev})" if ev else ""), call_id=cid, code=code))
+        return analysis
+
+    @staticmethod
+    def _answer_point(lines: list[Line], index: int) -> int:
+        """The line an answer to the call on line ``index`` goes after: the last line before
+        the next ``message`` item or ``compacted`` line, else the last line."""
+        for line in lines[index + 1:]:
+            obj = line.obj
+            if obj is None:
+                continue
+            if obj.get("type") == "compacted" or (
+                    obj.get("type") == "response_item" and _payload(obj).get("type") == "message"):
+                return line.index - 1
+        return len(lines) - 1
+
+    # --- views ---------------------------------------------------------------------------
+
+    def native_items(self, lines: list[Line]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for _, item in _history(lines):
+            kind = item.get("type")
+            if kind in ANSWER and _call_id(item) is None:
+                continue  # no call_id: Codex cannot read the item either
+            if kind in ANSWER:
+                args = item.get("arguments", item.get("input", item.get("action")))
+                items.append({"type": "function_call", "call_id": _call_id(item), "name": _tool_name(item),
+                              "arguments": args if isinstance(args, str) else json.dumps(args)})
+            elif kind in OUTPUTS:
+                items.append({"type": "function_call_output", "call_id": item.get("call_id"),
+                              "output": _output_text(item)})
+            elif kind == "message":
+                items.append({"type": "message", "role": item.get("role"), "content": item.get("content")})
+        return items
+
+    def events(self, lines: list[Line]) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        open_message: dict[str, Any] | None = None
+
+        def add(record: dict[str, Any]) -> dict[str, Any]:
+            record.update(seq=len(records) + 1, ts=0.0)
+            records.append(record)
+            return record
+
+        for _, item in _history(lines):
+            kind = item.get("type")
+            if kind in ANSWER and _call_id(item) is None:
+                continue
+            if kind in ANSWER:
+                if open_message is None:
+                    open_message = add({"type": "assistant/message", "content": None, "tool_calls": []})
+                args = item.get("arguments", item.get("input", item.get("action")))
+                open_message["tool_calls"].append({"id": _call_id(item), "name": _tool_name(item), "arguments": args})
+                continue
+            if kind == "reasoning":
+                continue
+            open_message = None
+            if kind in OUTPUTS:
+                add({"type": "tool/result", "call_id": item.get("call_id"), "output": _output_text(item),
+                     "is_error": False})
+            elif kind == "message" and item.get("role") in ("user", "assistant"):
+                text = content_text(item.get("content"))
+                if item.get("role") == "user":
+                    add({"type": "user/message", "content": text})
+                else:
+                    open_message = add({"type": "assistant/message", "content": text, "tool_calls": []})
+        return records
+
+    def live_records(self, path: str) -> list[str]:
+        # Codex keeps its rollout open while a session runs: the open-descriptor check
+        # in files.in_use finds it. It writes no per-process record naming the file.
+        return []
+
+
+def _output_text(item: Mapping[str, Any]) -> str:
+    output = item.get("output")
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Mapping):
+        return content_text(output.get("content"))
+    if item.get("type") == "tool_search_output":
+        return json.dumps(item.get("tools", []))
+    return content_text(output)
+
+
+def _output_line(template: Mapping[str, Any], call: Mapping[str, Any], cid: str, text: str,
+                 ordinal: int | None) -> dict[str, Any]:
+    """The rollout line answering ``call``, members in the order of ``template`` (the line
+    before it)."""
+    kind = ANSWER[str(call.get("type"))]
+    if kind == "tool_search_output":
+        payload: dict[str, Any] = {"type": kind, "call_id": cid, "status": "completed",
+                                   "execution": call.get("execution", "client"), "tools": []}
+    else:
+        payload = {"type": kind, "call_id": cid, "output": text}
+    values = {"timestamp": template.get("timestamp"), "type": "response_item", "payload": payload}
+    if ordinal is not None:
+        values["ordinal"] = ordinal
+    order = [k for k in template if k in values] + [k for k in ("timestamp", "type", "payload", "ordinal")
+                                                     if k not in template]
+    return {k: values[k] for k in order if k in values and values[k] is not None}
+
+
+FORMAT = Codex()

@@ -1,0 +1,368 @@
+"""The command line for foreign files: ``scan``, ``repair`` and ``show`` of a Claude Code
+transcript or Codex rollout (or a directory of them), with sessionlog's statuses, exit
+codes, tables and ``--json`` rows.
+
+:func:`claim` is the hook the ``sessionlog`` command calls first: it returns a
+:class:`ForeignTarget` when the target is a foreign file or a directory holding them (by
+content, or forced with ``--input-format``), else None and the command goes on as for
+sessionlog logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from .. import exits
+from ..contract import SessionLogError, Status
+from . import FORMATS, HEAD_BYTES, Examination, ForeignFormat, examine, get, sniff
+from .files import in_use, read, write_repair
+
+STATUS_EXIT = {
+    Status.CLEAN: exits.OK,
+    Status.OPEN: exits.OK,
+    Status.REPAIRABLE: exits.REPAIRABLE,
+    Status.NEEDS_FORCE: exits.NEEDS_FORCE,
+    Status.ERROR: exits.ERROR,
+}
+SKIPPED_SUFFIXES = (".orig", ".quarantine", ".tmp")
+
+
+class ForeignUsageError(SessionLogError):
+    """A foreign target the command cannot work on as asked (exit 2)."""
+
+
+@dataclass(slots=True)
+class ForeignTarget:
+    """The foreign files a command-line target names: (path, format) pairs; ``root`` is
+    the directory given (paths are shown relative to it), or None for one file."""
+
+    files: list[tuple[str, ForeignFormat]]
+    root: str | None
+    skipped: int = 0
+
+
+def _head(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(HEAD_BYTES)
+    except OSError:
+        return b""
+
+
+def _is_sessionlog(head: bytes) -> bool:
+    return head.startswith(b'{"seq":')
+
+
+def _jsonl_files(root: str) -> Iterator[str]:
+    for directory, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.endswith(".jsonl") and not name.startswith("."):
+                yield os.path.join(directory, name)
+
+
+def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
+    """The foreign files ``target`` names, or None when it is not foreign (a sessionlog
+    log, store or URL; something unrecognizable is left to the caller too).
+
+    A file is foreign when its content is a known format (or ``input_format`` says so). A
+    directory is foreign when files under it (recursively: ``~/.codex/sessions/``) are and
+    no sessionlog log lies directly in it; unrecognized files under it are skipped.
+    Raises ForeignUsageError for an unknown ``input_format``."""
+    forced: ForeignFormat | None = None
+    if input_format is not None:
+        if input_format not in FORMATS:
+            raise ForeignUsageError(f"unknown input format {input_format!r}; known: {', '.join(FORMATS)}")
+        forced = get(input_format)
+    if os.path.isfile(target):
+        head = _head(target)
+        if forced is not None:
+            return ForeignTarget([(target, forced)], None)
+        if _is_sessionlog(head):
+            return None
+        fmt = sniff(head)
+        return ForeignTarget([(target, fmt)], None) if fmt is not None else None
+    if not os.path.isdir(target):
+        if forced is not None:
+            raise ForeignUsageError(f"{target}: no such file or directory")
+        return None
+    try:
+        top = os.listdir(target)
+    except OSError:
+        return None
+    if forced is None and any(
+            (name.endswith(".jsonl") or name.endswith(".jsonl.zst")) and not name.startswith(".")
+            and (name.endswith(".zst") or _is_sessionlog(_head(os.path.join(target, name)))) for name in top):
+        return None
+    files: list[tuple[str, ForeignFormat]] = []
+    skipped = 0
+    for path in _jsonl_files(target):
+        fmt = forced if forced is not None else sniff(_head(path))
+        if fmt is None:
+            skipped += 1
+        else:
+            files.append((path, fmt))
+    if not files and forced is None:
+        return None
+    return ForeignTarget(files, target, skipped)
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr for long runs over a terminal."""
+    if not sys.stderr.isatty() or total < 20:
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _name(target: ForeignTarget, path: str) -> str:
+    return os.path.relpath(path, target.root) if target.root is not None else os.path.basename(path)
+
+
+def _session(path: str, exam: Examination | None) -> str:
+    if exam is not None and exam.analysis.session:
+        return exam.analysis.session
+    name = os.path.basename(path)
+    return name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+
+
+def _skipped_note(target: ForeignTarget) -> None:
+    if target.skipped:
+        print(f"note: {target.skipped} *.jsonl file(s) under {target.root} are neither a Claude Code "
+              "transcript nor a Codex rollout; skipped", file=sys.stderr)
+
+
+# --- scan ------------------------------------------------------------------------------
+
+
+def scan_row(path: str, fmt: ForeignFormat, name: str) -> dict[str, Any]:
+    """What a scan says about one file, in the keys of a sessionlog scan row plus
+    ``file``, ``format``, ``orphan_results``, ``findings`` and ``in_use``. Never writes."""
+    try:
+        snap = read(path)
+        exam = examine(snap.data, fmt)
+        busy = in_use(path, fmt)
+    except SessionLogError as exc:
+        return {"session": _session(path, None), "file": name, "path": path, "format": fmt.name,
+                "records": None, "status": str(Status.ERROR), "damage": None, "open_turn": None,
+                "open_step": None, "unanswered_calls": [], "orphan_results": [], "findings": [],
+                "in_use": [], "error": str(exc)}
+    damage = exam.tail_damage
+    status = exam.status(in_use=bool(busy))
+    if not exam.lines or not any(line.obj is not None for line in exam.lines):
+        status = Status.ERROR
+    row = {
+        "session": _session(path, exam), "file": name, "path": path, "format": fmt.name,
+        "records": len(exam.lines), "status": str(status),
+        "damage": damage.to_json() if damage is not None else None,
+        "open_turn": None, "open_step": None,
+        "unanswered_calls": list(exam.analysis.unanswered), "orphan_results": list(exam.analysis.orphans),
+        "findings": [f.to_json() for f in exam.findings], "in_use": busy,
+    }
+    if status is Status.ERROR:
+        row["error"] = f"{path}: no line decodes as a {fmt.title}"
+    return row
+
+
+def run_scan(target: ForeignTarget, *, as_json: bool, out: TextIO) -> int:
+    rows = []
+    codes = []
+    with _progress("scanning", len(target.files)) as advance:
+        for path, fmt in target.files:
+            row = scan_row(path, fmt, _name(target, path))
+            codes.append(STATUS_EXIT[Status(row["status"])])
+            if as_json:
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            else:
+                rows.append(row)
+            advance(1)
+    if not as_json:
+        _scan_table(rows, out)
+    _skipped_note(target)
+    return exits.worst(codes)
+
+
+def _console(out: TextIO) -> Any:
+    from rich.console import Console
+
+    return Console(file=out, soft_wrap=False, width=max(80, _width(out)))
+
+
+def _width(out: TextIO) -> int:
+    try:
+        return os.get_terminal_size(out.fileno()).columns
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return int(os.environ.get("COLUMNS", "160"))
+
+
+STYLES = {"clean": "green", "open": "cyan", "repairable": "yellow", "needs-force": "red", "error": "red",
+          "repaired": "green", "refused": "red"}
+
+
+def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
+    from rich.table import Table
+
+    table = Table(show_edge=False, header_style="bold")
+    for col in ("file", "format", "status", "lines", "damage", "offset", "tail bytes", "unanswered", "orphans"):
+        table.add_column(col, justify="right" if col in ("lines", "offset", "tail bytes") else "left")
+    for row in rows:
+        d = row["damage"] or {}
+        table.add_row(
+            row["file"], row["format"], f"[{STYLES[row['status']]}]{row['status']}[/]",
+            "" if row["records"] is None else str(row["records"]), d.get("kind", ""), str(d.get("offset", "")),
+            str(d.get("length", "")), ", ".join(row["unanswered_calls"]), ", ".join(row["orphan_results"]))
+    console = _console(out)
+    console.print(table)
+    for row in rows:
+        for finding in row["findings"]:
+            console.print(f"{row['file']}:{finding['line']}: {finding['detail']}", markup=False, highlight=False)
+        for why in row["in_use"]:
+            console.print(f"{row['file']}: in use: {why}", markup=False, highlight=False)
+        if "error" in row:
+            console.print(f"[red]{row['file']}[/]: {row['error']}", highlight=False)
+    if not rows:
+        console.print("no Claude Code transcripts or Codex rollouts")
+
+
+# --- repair ----------------------------------------------------------------------------
+
+
+def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) -> tuple[dict[str, Any], int]:
+    """Repair one file (or, with ``dry_run``, say what repair would do, writing nothing):
+    the report row and its exit code (0 clean or repaired, 3 needs --force, 5 in use by a
+    live process, 4 an error). The plan is checked in memory before anything is written:
+    the repaired file must need no further repair."""
+    row: dict[str, Any] = {"session": _session(path, None), "path": path, "format": fmt.name,
+                           "status": "clean", "reason": None, "truncated_bytes": 0, "quarantine": None,
+                           "backup": None, "appended": [], "changed_lines": []}
+    if dry_run:
+        row["dry_run"] = True
+    try:
+        snap = read(path)
+        exam = examine(snap.data, fmt, force=force)
+        row["session"] = _session(path, exam)
+        if not any(line.obj is not None for line in exam.lines):
+            row.update(status="refused", reason=f"no line decodes as a {fmt.title}")
+            return row, exits.ERROR
+        busy = in_use(path, fmt)
+        if busy and not force:
+            row.update(status="refused", reason="in use by a live process: " + "; ".join(busy)
+                       + " (repair --force to repair anyway)")
+            return row, exits.LOCKED
+        if exam.needs_force and not force:
+            damage = exam.tail_damage
+            assert damage is not None
+            row.update(status="refused", reason=damage.refusal())
+            return row, exits.NEEDS_FORCE
+        if exam.plan.empty:
+            return row, exits.OK
+        again = examine(exam.repaired(), fmt, force=force)
+        if not again.plan.empty:
+            row.update(status="refused", reason="the repair would not leave a clean file (a bug: please report "
+                       "it with the file); nothing written")
+            return row, exits.ERROR
+        plan = exam.plan
+        row.update(status="repaired", truncated_bytes=sum(len(exam.lines[i].raw) for i in plan.drop),
+                   appended=list(plan.added), changed_lines=plan.changed_lines())
+        if not dry_run:
+            written = write_repair(snap, exam)
+            row.update(backup=written.backup, quarantine=written.quarantine)
+    except SessionLogError as exc:
+        row.update(status="refused", reason=str(exc), error=str(exc))
+        return row, exits.ERROR
+    return row, exits.OK
+
+
+def run_repair(target: ForeignTarget, *, force: bool, dry_run: bool, as_json: bool, out: TextIO) -> int:
+    rows = []
+    codes = []
+    with _progress("repairing", len(target.files)) as advance:
+        for path, fmt in target.files:
+            row, code = repair_file(path, fmt, force=force, dry_run=dry_run)
+            row["file"] = _name(target, path)
+            codes.append(code)
+            if as_json:
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            else:
+                rows.append(row)
+            advance(1)
+    if not as_json:
+        _repair_table(rows, out, dry_run=dry_run)
+    _skipped_note(target)
+    return exits.worst(codes)
+
+
+def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> None:
+    from rich.table import Table
+
+    table = Table(show_edge=False, header_style="bold", title="dry run: nothing written" if dry_run else None)
+    for col in ("file", "format", "status", "cut bytes", "answered", "changed lines", "backup / reason"):
+        table.add_column(col)
+    for row in rows:
+        status = "would repair" if dry_run and row["status"] == "repaired" else row["status"]
+        answered = ", ".join(f"{a['call_id']} {a['code']}" for a in row["appended"])
+        table.add_row(row["file"], row["format"], f"[{STYLES.get(row['status'], 'white')}]{status}[/]",
+                      str(row["truncated_bytes"]), answered, ", ".join(map(str, row["changed_lines"])),
+                      os.path.basename(row["backup"]) if row["backup"] else (row["reason"] or ""))
+    console = _console(out)
+    console.print(table)
+    for row in rows:
+        if row["quarantine"]:
+            console.print(f"{row['file']}: removed lines kept in {row['quarantine']}", markup=False, highlight=False)
+    if not rows:
+        console.print("no Claude Code transcripts or Codex rollouts")
+
+
+# --- show ------------------------------------------------------------------------------
+
+
+def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextIO) -> int:
+    """Print the view of the file as repair would leave it (nothing written). ``--check``
+    judges that view with the pairing checker of ``view_format`` and the tool's own
+    conversation (as it would resume it) with the checker of its provider: exit 1 on a
+    violation. A file that needs repair is noted on stderr."""
+    if len(target.files) != 1:
+        raise ForeignUsageError(f"{target.root}: show needs exactly one file (found {len(target.files)})")
+    path, fmt = target.files[0]
+    from ..projection import check_pairing, project
+
+    snap = read(path)
+    exam = examine(snap.data, fmt, force=True)
+    damage = exam.tail_damage
+    if exam.needs_force and damage is not None:
+        print(f"warning: {path}: {damage.kind} at offset {damage.offset}; showing the file without the "
+              "undecodable lines", file=sys.stderr)
+    as_is = check_pairing(fmt.native_items(exam.lines), fmt.native_view)
+    if as_is is not None:
+        print(f"note: {path} as it is fails the {fmt.native_view} pairing check ({as_is.message}); "
+              "`sessionlog repair` fixes it; this is the repaired view", file=sys.stderr)
+    lines = exam.repaired_lines()
+    events = fmt.events(lines)
+    if view_format == "events":
+        for event in events:
+            out.write(json.dumps(event, ensure_ascii=False) + "\n")
+        return exits.OK
+    view = project(events, view_format)
+    for issue in view.issues:
+        print(f"note: {issue}", file=sys.stderr)
+    out.write(json.dumps(view.to_json(), ensure_ascii=False, indent=2) + "\n")
+    if check:
+        violation = check_pairing(view.items, view_format) or check_pairing(fmt.native_items(lines), fmt.native_view)
+        if violation is not None:
+            print(f"pairing violation: {violation.message}", file=sys.stderr)
+            return exits.REPAIRABLE
+    return exits.OK

@@ -1,0 +1,113 @@
+"""Findings and repair plans for foreign files: pure data, and the one way a plan is applied.
+
+A format module reads the decoded lines and returns an :class:`Analysis`: what it found
+(one :class:`Finding` each) and the line edits that repair it (a :class:`Plan`). Applying a
+plan (:func:`apply`) copies every line it does not name byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .lines import Line
+
+# Finding kinds (the ``kind`` member of a finding, stable for --json consumers).
+UNANSWERED_CALL = "unanswered-call"
+ORPHAN_RESULT = "orphan-result"
+DUPLICATE_RESULT = "duplicate-result"
+DUPLICATE_CALL = "duplicate-call"
+MISSING_NEWLINE = "missing-newline"
+BROKEN_CHAIN = "broken-chain"
+"""A ``parentUuid`` naming no entry of the file: resume loses the history before it.
+Reported, never guessed at."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a scan found: ``kind``, the 1-based ``line`` it concerns, the ``call_id``
+    when it is about one tool call, ``code`` the recovery code repair answers it with,
+    ``detail`` one sentence, and ``repairable`` False for what repair only reports."""
+
+    kind: str
+    line: int
+    detail: str
+    call_id: str | None = None
+    code: str | None = None
+    repairable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"kind": self.kind, "line": self.line, "detail": self.detail}
+        if self.call_id is not None:
+            row["call_id"] = self.call_id
+        if self.code is not None:
+            row["code"] = self.code
+        if not self.repairable:
+            row["repairable"] = False
+        return row
+
+
+@dataclass(slots=True)
+class Plan:
+    """Line edits, by line index: ``drop`` removes a line (its bytes go to the quarantine
+    file), ``replace`` swaps a line's bytes, ``insert_after`` adds whole new lines after
+    a line (after the last line means at the end of the file), ``terminate`` adds the
+    missing ``\\n`` to the last line. ``added`` describes each inserted answer for the
+    report (``type``, ``call_id``, ``code``)."""
+
+    drop: dict[int, str] = field(default_factory=dict)
+    replace: dict[int, bytes] = field(default_factory=dict)
+    insert_after: dict[int, list[bytes]] = field(default_factory=dict)
+    terminate: int | None = None
+    added: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.drop or self.replace or self.insert_after or self.terminate is not None)
+
+    def insert(self, after: int, line: bytes) -> None:
+        self.insert_after.setdefault(after, []).append(line)
+
+    def appends_only(self, lines: list[Line]) -> bool:
+        """True when applying the plan only adds bytes at the end of the file (a durable
+        append is enough: every existing byte stays where it is)."""
+        last = len(lines) - 1
+        return not self.drop and not self.replace and all(i == last for i in self.insert_after)
+
+    def changed_lines(self) -> list[int]:
+        """1-based numbers of existing lines the plan drops or rewrites."""
+        return sorted(i + 1 for i in set(self.drop) | set(self.replace))
+
+
+def apply(lines: list[Line], plan: Plan) -> list[bytes]:
+    """The repaired file as chunks: every line the plan does not name, byte for byte, in
+    order, with the plan's replacements and insertions."""
+    out: list[bytes] = []
+    for line in lines:
+        if line.index not in plan.drop:
+            raw = plan.replace.get(line.index, line.raw)
+            if plan.terminate == line.index and not raw.endswith(b"\n"):
+                raw += b"\n"
+            out.append(raw)
+        out.extend(plan.insert_after.get(line.index, ()))
+    if not lines:
+        out.extend(plan.insert_after.get(-1, ()))
+    return out
+
+
+def appended_bytes(lines: list[Line], plan: Plan) -> bytes:
+    """What an append-only plan adds at the end of the file."""
+    last = len(lines) - 1
+    head = b"\n" if plan.terminate == last else b""
+    return head + b"".join(plan.insert_after.get(last, ()))
+
+
+@dataclass(slots=True)
+class Analysis:
+    """What a format found in a file's decodable lines, and the plan that repairs it."""
+
+    findings: list[Finding] = field(default_factory=list)
+    plan: Plan = field(default_factory=Plan)
+    session: str | None = None
+    unanswered: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)

@@ -1,0 +1,396 @@
+"""Claude Code transcripts and Codex rollouts: scan findings, repair plans and their
+invariants, over the checked-in fixtures damaged at every line boundary and mid-line."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sessionlog import foreign
+from sessionlog.contract import DamageKind, Status
+from sessionlog.foreign.lines import split_lines
+from sessionlog.projection import FORMATS, check_pairing, project
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
+CLAUDE = os.path.join(FIXTURES, "claude-code")
+CODEX = os.path.join(FIXTURES, "codex")
+ALL = sorted([os.path.join(CLAUDE, n) for n in os.listdir(CLAUDE) if n.endswith(".jsonl")]
+             + [os.path.join(CODEX, n) for n in os.listdir(CODEX) if n.endswith(".jsonl")])
+EXAMPLES = int(os.environ.get("SESSIONLOG_SLOW", "0") and 2000 or 150)
+
+
+def load(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def fmt_of(path: str) -> foreign.ForeignFormat:
+    return foreign.get("claude-code" if os.sep + "claude-code" + os.sep in path else "codex")
+
+
+# --- what each fixture is ---------------------------------------------------------------
+
+EXPECTED = {
+    "claude-code/healthy.jsonl": ("clean", [], []),
+    "claude-code/dangling-call.jsonl": ("repairable", [("toolu_05Edit", "TOOL_NOT_STARTED")], []),
+    "claude-code/interrupted-parallel.jsonl": ("repairable", [
+        ("toolu_01Deploy", "TOOL_OUTCOME_UNKNOWN"), ("toolu_04Curl", "TOOL_NOT_STARTED"),
+        ("toolu_S9Df", "TOOL_NOT_STARTED")], []),
+    "claude-code/orphan-result.jsonl": ("repairable", [], ["toolu_99Lost"]),
+    "claude-code/torn.jsonl": ("repairable", [], []),
+    "codex/healthy.jsonl": ("clean", [], []),
+    "codex/healthy-ordinals.jsonl": ("clean", [], []),
+    "codex/dangling-call.jsonl": ("repairable", [("call_E5deploy", "TOOL_OUTCOME_UNKNOWN"),
+                                                 ("call_F6patch", "TOOL_NOT_STARTED")], []),
+    "codex/orphan-output.jsonl": ("repairable", [], ["call_Z9gone"]),
+    "codex/torn.jsonl": ("repairable", [], []),
+}
+
+
+def test_every_fixture_is_listed():
+    assert sorted(EXPECTED) == sorted(os.path.relpath(p, FIXTURES) for p in ALL)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_findings(name):
+    status, unanswered, orphans = EXPECTED[name]
+    path = os.path.join(FIXTURES, name)
+    data = load(path)
+    fmt = foreign.sniff(data[: foreign.HEAD_BYTES])
+    assert fmt is fmt_of(path)  # recognized by content
+    exam = foreign.examine(data, fmt)
+    assert str(exam.status()) == status
+    found = [(f.call_id, f.code) for f in exam.findings if f.kind == "unanswered-call"]
+    assert found == unanswered
+    assert exam.analysis.orphans == orphans
+    as_is = check_pairing(fmt.native_items(exam.lines), fmt.native_view)
+    assert (as_is is None) == (not unanswered and not orphans)  # what the tool would send is rejected
+    repaired = exam.repaired()
+    assert check_pairing(fmt.native_items(split_lines(repaired)), fmt.native_view) is None
+    again = foreign.examine(repaired, fmt)
+    assert again.plan.empty and again.status() is Status.CLEAN
+
+
+def test_torn_fixture_damage():
+    for path in (os.path.join(CLAUDE, "torn.jsonl"), os.path.join(CODEX, "torn.jsonl")):
+        data = load(path)
+        exam = foreign.examine(data, fmt_of(path))
+        damage = exam.tail_damage
+        assert damage is not None and damage.kind is DamageKind.TORN
+        assert data[damage.offset:].count(b"\n") == 0 and damage.offset + damage.length == len(data)
+        assert exam.repaired() == data[: damage.offset]  # the cut, and nothing else
+
+
+def test_sessionlog_logs_and_other_files_are_not_foreign():
+    for name in os.listdir(FIXTURES):
+        if name.endswith(".jsonl"):
+            assert foreign.sniff(load(os.path.join(FIXTURES, name))[:65536]) is None
+    assert foreign.sniff(b"hello, world\n") is None
+    assert foreign.sniff(b'{"a": 1}\n') is None
+
+
+def test_long_first_line_is_recognized_by_its_prefix():
+    for path in (os.path.join(CLAUDE, "healthy.jsonl"), os.path.join(CODEX, "healthy.jsonl")):
+        first = load(path).split(b"\n")[2 if "claude" in path else 0]
+        assert foreign.sniff(first[:200]) is fmt_of(path)
+
+
+# --- Claude Code specifics -------------------------------------------------------------
+
+
+def entries(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def test_claude_answer_is_the_interrupted_form_chained_after_the_call():
+    data = load(os.path.join(CLAUDE, "dangling-call.jsonl"))
+    exam = foreign.examine(data, foreign.get("claude-code"))
+    after = entries(exam.repaired())
+    before = entries(data)
+    [answer] = [e for e in after if "sessionlogRecovery" in e]
+    asker = next(e for e in before if any(b.get("id") == "toolu_05Edit" for b in (e.get("message") or {}).get("content") or []
+                                         if isinstance(b, dict)))
+    assert answer["parentUuid"] == asker["uuid"] and answer["sourceToolAssistantUUID"] == asker["uuid"]
+    assert answer["toolDenialKind"] == "interrupted" and answer["type"] == "user"
+    [block] = answer["message"]["content"]
+    assert block["type"] == "tool_result" and block["tool_use_id"] == "toolu_05Edit" and block["is_error"] is True
+    assert block["content"].startswith("TOOL_NOT_STARTED: ")
+    for key in ("sessionId", "cwd", "version", "gitBranch", "isSidechain"):
+        assert answer[key] == asker[key]
+    # The conversation that followed is re-attached after the answer: the resumed chain keeps it.
+    follow = next(e for e in after if e.get("message", {}).get("content") == "Tu es toujours là ? Continue sans l'édition.")
+    assert follow["parentUuid"] == answer["uuid"]
+    items = foreign.get("claude-code").native_items(split_lines(exam.repaired()))
+    texts = json.dumps(items, ensure_ascii=False)
+    assert "Tu es toujours là" in texts and "je reprends sans modifier" in texts
+    # The line right after the asking entry in the file is the answer.
+    lines = exam.repaired().splitlines()
+    assert json.loads(lines[lines.index(next(x for x in lines if b'"toolu_05Edit","name"' in x)) + 1])["uuid"] == answer["uuid"]
+
+
+def test_claude_sidechain_call_is_answered_inside_its_sidechain():
+    data = load(os.path.join(CLAUDE, "interrupted-parallel.jsonl"))
+    exam = foreign.examine(data, foreign.get("claude-code"))
+    answers = [e for e in entries(exam.repaired()) if "sessionlogRecovery" in e]
+    side = next(a for a in answers if a["message"]["content"][0]["tool_use_id"] == "toolu_S9Df")
+    assert side["isSidechain"] is True and side["agentId"] == "b19e"
+    main = next(a for a in answers if a["isSidechain"] is False)
+    # One answer entry for the whole response (same message.id), in call order, after the
+    # result that exists.
+    assert [b["tool_use_id"] for b in main["message"]["content"]] == ["toolu_01Deploy", "toolu_04Curl"]
+    assert [r["code"] for r in main["sessionlogRecovery"]] == ["TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED"]
+    assert "line 10" in main["message"]["content"][0]["content"]  # names its evidence
+
+
+def test_claude_orphan_result_is_kept_as_text():
+    data = load(os.path.join(CLAUDE, "orphan-result.jsonl"))
+    exam = foreign.examine(data, foreign.get("claude-code"))
+    assert exam.plan.changed_lines() == [13]
+    fixed = entries(exam.repaired())[12]
+    assert fixed["uuid"] == entries(data)[12]["uuid"]
+    [block] = fixed["message"]["content"]
+    assert block["type"] == "text" and "toolu_99Lost" in block["text"] and "sortie d'un appel disparu" in block["text"]
+
+
+def test_claude_healthy_with_parallel_branching_results_and_compaction_is_clean():
+    data = load(os.path.join(CLAUDE, "healthy.jsonl"))
+    exam = foreign.examine(data, foreign.get("claude-code"))
+    assert exam.findings == [] and exam.plan.empty
+    items = foreign.get("claude-code").native_items(exam.lines)
+    # The resumed chain starts at the compact boundary: the summary, then what followed.
+    assert "continued from a previous conversation" in json.dumps(items[0], ensure_ascii=False)
+    assert check_pairing(items, "anthropic") is None
+
+
+def test_claude_split_response_is_one_assistant_message():
+    data = load(os.path.join(CLAUDE, "dangling-call.jsonl"))
+    cut = data[: data.index(b'"uuid":"00000009')]  # cut inside the entry after the two results
+    cut = cut[: cut.rindex(b"\n") + 1]
+    exam = foreign.examine(cut, foreign.get("claude-code"))
+    items = foreign.get("claude-code").native_items(exam.lines)
+    assistant = [m for m in items if m["role"] == "assistant"]
+    assert len(assistant) == 1
+    assert [b["type"] for b in assistant[0]["content"]] == ["thinking", "text", "tool_use", "tool_use"]
+    # Both results (siblings branching from the last tool_use entry) answer it.
+    assert [b["tool_use_id"] for b in items[-1]["content"]] == ["toolu_01Deploy", "toolu_02ReadLog"]
+
+
+# --- Codex specifics ---------------------------------------------------------------------
+
+
+def test_codex_answers_are_appended_in_codex_shape():
+    data = load(os.path.join(CODEX, "dangling-call.jsonl"))
+    exam = foreign.examine(data, foreign.get("codex"))
+    assert exam.plan.appends_only(exam.lines)
+    repaired = exam.repaired()
+    assert repaired.startswith(data)
+    new = entries(repaired[len(data):])
+    assert [n["payload"]["type"] for n in new] == ["function_call_output", "custom_tool_call_output"]
+    assert [n["payload"]["call_id"] for n in new] == ["call_E5deploy", "call_F6patch"]
+    assert new[0]["payload"]["output"].startswith("TOOL_OUTCOME_UNKNOWN: ")
+    assert "exec_command_begin" in new[0]["payload"]["output"]
+    assert new[1]["payload"]["output"].startswith("TOOL_NOT_STARTED: ")
+    assert all(isinstance(n["timestamp"], str) and list(n) == ["timestamp", "type", "payload"] for n in new)
+
+
+def test_codex_ordinals_continue_at_the_end():
+    data = load(os.path.join(CODEX, "healthy-ordinals.jsonl"))
+    lines = data.splitlines(keepends=True)
+    cut = b"".join(lines[:20])  # ends with two parallel calls, no outputs
+    exam = foreign.examine(cut, foreign.get("codex"))
+    new = entries(exam.repaired()[len(cut):])
+    last = json.loads(lines[19])["ordinal"]
+    assert [n["ordinal"] for n in new] == [last + 1, last + 2]
+    assert [n["payload"]["call_id"] for n in new] == ["call_C3ruff", "call_D4mypy"]
+
+
+def test_codex_output_before_the_next_message_when_the_rollout_went_on():
+    data = load(os.path.join(CODEX, "healthy.jsonl"))
+    lines = data.splitlines(keepends=True)
+    del lines[20]  # call_C3ruff's output is lost; its sibling's and the next message remain
+    exam = foreign.examine(b"".join(lines), foreign.get("codex"))
+    out = entries(exam.repaired())
+    types = [(e["payload"].get("type"), e["payload"].get("call_id")) for e in out]
+    at = types.index(("function_call_output", "call_C3ruff"))
+    # After the response's items (and the unknown record after them), before the next message.
+    assert types.index(("function_call_output", "call_D4mypy")) < at
+    assert out[at - 1]["type"] == "world_state"
+    assert out[at + 1]["payload"]["type"] == "message" and out[at + 1]["payload"]["role"] == "assistant"
+
+
+def test_codex_compacted_history_restarts_pairing():
+    data = load(os.path.join(CODEX, "healthy.jsonl"))
+    lines = data.splitlines(keepends=True)
+    # A call unanswered before the compaction is answered before it, not after.
+    del lines[9]
+    exam = foreign.examine(b"".join(lines), foreign.get("codex"))
+    out = entries(exam.repaired())
+    kinds = [e["type"] for e in out]
+    answer = next(i for i, e in enumerate(out) if e["payload"].get("call_id") == "call_A1shell"
+                  and e["payload"].get("type") == "function_call_output")
+    assert answer < kinds.index("compacted")
+    assert out[answer]["payload"]["output"].startswith("TOOL_OUTCOME_UNKNOWN")  # exec_command_begin seen
+
+
+# --- views -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: os.path.relpath(p, FIXTURES))
+@pytest.mark.parametrize("view", FORMATS)
+def test_views_of_repaired_files_pass_the_checkers(path, view):
+    fmt = fmt_of(path)
+    exam = foreign.examine(load(path), fmt, force=True)
+    projection = project(fmt.events(exam.repaired_lines()), view)
+    assert check_pairing(projection.items, view) is None
+    assert not [i for i in projection.issues if "view shows" in i]  # repair answered every call itself
+    assert projection.call_ids  # every fixture has calls on its resumed conversation
+
+
+# --- damage at every line boundary and mid-line ----------------------------------------
+
+
+def cuts(data: bytes) -> list[int]:
+    offsets = set()
+    for line in split_lines(data):
+        offsets.update((line.offset, line.offset + len(line.raw) // 2, line.end - 1))
+    offsets.add(len(data))
+    return sorted(offsets)
+
+
+def raw_lines(data: bytes) -> list[bytes]:
+    """Lines as the tools write them: split at \\n only, the newline kept."""
+    return re.findall(rb"[^\n]*\n|[^\n]+$", data)
+
+
+def is_answer(raw: bytes) -> bool:
+    obj = json.loads(raw)
+    if "sessionlogRecovery" in obj:  # Claude Code: the interrupted-call form
+        return all(b["type"] == "tool_result" and b["is_error"] is True for b in obj["message"]["content"])
+    payload = obj.get("payload") or {}
+    return obj.get("type") == "response_item" and payload.get("type") in (
+        "function_call_output", "custom_tool_call_output", "tool_search_output")
+
+
+def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination) -> None:
+    """Walking both files in order: every line the plan does not name is byte-identical
+    and in its place; a rewritten line differs from the original only where the format
+    allows (Claude Code: its parent, or an orphan result turned into text); whatever else
+    the new file holds is an answer the repair wrote."""
+    old = raw_lines(before)
+    new = iter(raw_lines(after))
+    plan = exam.plan
+    for i, raw in enumerate(old):
+        if i not in plan.drop:
+            got = next(new)
+            if i in plan.replace:
+                was, now = json.loads(raw), json.loads(got)
+                assert set(was) == set(now)
+                assert {k for k in was if was[k] != now[k]} <= {"parentUuid", "message"}
+                assert exam.format.name == "claude-code"
+            elif i == plan.terminate:
+                assert got == raw + b"\n"
+            else:
+                assert got == raw
+        for _ in plan.insert_after.get(i, ()):
+            assert is_answer(next(new))
+    assert next(new, None) is None
+
+
+def pairs_every_call_once(fmt: foreign.ForeignFormat, data: bytes) -> None:
+    lines = split_lines(data)
+    assert check_pairing(fmt.native_items(lines), fmt.native_view) is None
+    if fmt.name == "codex":
+        # Over the whole file, per stretch between compactions: every call has exactly one
+        # output, every output one call.
+        from sessionlog.foreign.codex import ANSWER, OUTPUTS, _call_id, _epochs
+
+        for epoch in _epochs(lines):
+            calls = [c for _, item in epoch if item.get("type") in ANSWER and (c := _call_id(item)) is not None]
+            outs = [item.get("call_id") for _, item in epoch if item.get("type") in OUTPUTS]
+            assert sorted(calls) == sorted(outs)
+    else:
+        # The resumed chain (checked above) answers each of its calls exactly once; over
+        # the whole file every tool_use has an answer and no result answers nothing.
+        objs = list({line.obj["uuid"]: line.obj for line in reversed(lines)
+                     if line.obj is not None and isinstance(line.obj.get("uuid"), str)}.values())
+        uses = [b["id"] for o in objs if o.get("type") == "assistant"
+                for b in (o.get("message") or {}).get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_use"]
+        results = [b["tool_use_id"] for o in objs if o.get("type") == "user"
+                   for b in (o.get("message") or {}).get("content") or []
+                   if isinstance(b, dict) and b.get("type") == "tool_result"]
+        assert set(uses) == set(results)
+
+
+def check_repair(fmt: foreign.ForeignFormat, data: bytes, *, force: bool = True) -> foreign.Examination:
+    exam = foreign.examine(data, fmt, force=force)
+    after = exam.repaired()
+    untouched_lines_kept(data, after, exam)
+    pairs_every_call_once(fmt, after)
+    again = foreign.examine(after, fmt, force=force)
+    assert again.plan.empty, [f.detail for f in again.findings]  # a second repair changes nothing
+    if exam.plan.drop:
+        dropped = b"".join(exam.lines[i].raw for i in sorted(exam.plan.drop))
+        assert len(dropped) == sum(len(exam.lines[i].raw) for i in exam.plan.drop)
+    return exam
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: os.path.relpath(p, FIXTURES))
+def test_every_cut_repairs_to_a_paired_file(path):
+    fmt = fmt_of(path)
+    data = load(path)
+    for cut in cuts(data):
+        exam = check_repair(fmt, data[:cut], force=False)
+        assert not exam.needs_force  # a cut never makes mid-log damage
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: os.path.relpath(p, FIXTURES))
+def test_garbage_in_the_middle_needs_force(path):
+    fmt = fmt_of(path)
+    data = load(path)
+    lines = data.splitlines(keepends=True)
+    at = len(lines) // 2
+    lines.insert(at, b'{"parentUuid":"x","type":"us\x00\x00\x00\n')
+    damaged = b"".join(lines)
+    exam = foreign.examine(damaged, fmt)
+    assert exam.status() is Status.NEEDS_FORCE and exam.tail_damage.kind is DamageKind.MID_LOG
+    assert exam.tail_damage.records_after > 0
+    forced = check_repair(fmt, damaged, force=True)
+    assert at in forced.plan.drop
+
+
+@st.composite
+def damaged_files(draw):
+    path = draw(st.sampled_from(ALL))
+    lines = raw_lines(load(path))
+    for _ in range(draw(st.integers(0, 3))):
+        if not lines:
+            break
+        op = draw(st.sampled_from(["drop", "duplicate", "swap", "flip"]))
+        i = draw(st.integers(0, len(lines) - 1))
+        if op == "drop":
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, lines[i])
+        elif op == "swap" and i + 1 < len(lines):
+            lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        elif op == "flip":
+            raw = bytearray(lines[i])
+            j = draw(st.integers(0, max(0, len(raw) - 2)))
+            raw[j] ^= draw(st.integers(1, 255))
+            lines[i] = bytes(raw)
+    data = b"".join(lines)
+    cut = draw(st.integers(0, len(data)))
+    return path, data[:cut] if draw(st.booleans()) else data
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_files())
+def test_property_any_damage_repairs_to_a_paired_file_keeping_untouched_lines(case):
+    path, data = case
+    check_repair(fmt_of(path), data, force=True)

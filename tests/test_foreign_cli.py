@@ -1,0 +1,291 @@
+"""``sessionlog scan|repair|show`` on Claude Code transcripts and Codex rollouts: exit
+codes, what is written (and what never is), in-use refusal, directories."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sessionlog import foreign
+from sessionlog.cli import main
+from sessionlog.contract import IOFailure
+from sessionlog.durable import FileSystem
+from sessionlog.foreign import files
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
+
+
+def run(*args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(args), out)
+    return code, out.getvalue()
+
+
+def rows(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def snapshot(root) -> dict:
+    found = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, root)] = (f.read(), os.stat(path).st_mtime_ns)
+    return found
+
+
+@pytest.fixture
+def claude_dir(tmp_path):
+    """A ~/.claude look-alike: projects/<slug>/<session>.jsonl for each fixture."""
+    project = tmp_path / ".claude" / "projects" / "-home-dana-projets-deploiement"
+    shutil.copytree(os.path.join(FIXTURES, "claude-code"), project)
+    return project
+
+
+@pytest.fixture
+def codex_dir(tmp_path):
+    """A ~/.codex/sessions look-alike, dated directories included."""
+    day = tmp_path / ".codex" / "sessions" / "2026" / "11" / "30"
+    day.mkdir(parents=True)
+    for name in os.listdir(os.path.join(FIXTURES, "codex")):
+        shutil.copy(os.path.join(FIXTURES, "codex", name),
+                    day / f"rollout-2026-11-30T10-00-00-{name[:-6]}.jsonl")
+    return tmp_path / ".codex" / "sessions"
+
+
+SCAN = {
+    "healthy.jsonl": ("clean", 0),
+    "dangling-call.jsonl": ("repairable", 1),
+    "interrupted-parallel.jsonl": ("repairable", 1),
+    "orphan-result.jsonl": ("repairable", 1),
+    "torn.jsonl": ("repairable", 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCAN))
+def test_scan_each_claude_fixture(claude_dir, name):
+    status, code = SCAN[name]
+    before = snapshot(claude_dir.parent.parent)
+    got, out = run("scan", str(claude_dir / name), "--json")
+    [row] = rows(out)
+    assert (row["status"], got) == (status, code)
+    assert row["format"] == "claude-code"
+    assert snapshot(claude_dir.parent.parent) == before  # scan writes nothing
+
+
+def test_scan_directory_recursively_reports_the_worst(codex_dir, claude_dir):
+    code, out = run("scan", str(codex_dir), "--json")
+    found = {r["file"]: r["status"] for r in rows(out)}
+    assert code == 1
+    assert found["2026/11/30/rollout-2026-11-30T10-00-00-healthy.jsonl"] == "clean"
+    assert found["2026/11/30/rollout-2026-11-30T10-00-00-dangling-call.jsonl"] == "repairable"
+    assert len(found) == 5
+    code, out = run("scan", str(claude_dir))
+    assert code == 1 and "toolu_05Edit" in out and "interrupted-parallel.jsonl" in out
+
+
+def test_mid_log_damage_exits_3_and_repair_refuses_without_force(claude_dir):
+    path = claude_dir / "healthy.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.insert(5, b'{"parentUuid":"00000004-5a1c-4e7b-9d2f-0c6a3b8e1f04","ty\xff\n')
+    path.write_bytes(b"".join(lines))
+    before = snapshot(claude_dir)
+    code, out = run("scan", str(path), "--json")
+    assert code == 3 and rows(out)[0]["status"] == "needs-force"
+    assert rows(out)[0]["damage"]["kind"] == "mid-log"
+    code, out = run("repair", str(path), "--json")
+    assert code == 3 and rows(out)[0]["status"] == "refused"
+    assert snapshot(claude_dir) == before
+    code, out = run("repair", str(path), "--force", "--json")
+    [rep] = rows(out)
+    assert code == 0 and rep["status"] == "repaired"
+    with open(rep["quarantine"], "rb") as q:
+        assert q.read() == lines[5]
+    assert path.read_bytes() == b"".join(lines[:5] + lines[6:])
+
+
+def test_repair_keeps_the_original_and_a_second_repair_changes_nothing(claude_dir):
+    path = claude_dir / "dangling-call.jsonl"
+    original = path.read_bytes()
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    code, out = run("repair", str(path), "--json")
+    [rep] = rows(out)
+    assert code == 0 and rep["status"] == "repaired"
+    assert [a["call_id"] for a in rep["appended"]] == ["toolu_05Edit"]
+    with open(rep["backup"], "rb") as f:
+        assert f.read() == original
+    assert os.path.dirname(rep["backup"]) == str(claude_dir) and rep["backup"].endswith(".orig")
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode  # published in place with its mode
+    repaired = path.read_bytes()
+    assert len(repaired.splitlines()) == len(original.splitlines()) + 1
+    before = snapshot(claude_dir)
+    code, out = run("repair", str(path), "--json")
+    assert code == 0 and rows(out)[0]["status"] == "clean"
+    assert snapshot(claude_dir) == before  # nothing written, no second backup
+    code, out = run("scan", str(path), "--json")
+    assert code == 0 and rows(out)[0]["status"] == "clean"
+
+
+def test_codex_repair_is_a_durable_append_at_the_same_path(codex_dir):
+    [path] = [p for p in codex_dir.rglob("*dangling-call.jsonl")]
+    original = path.read_bytes()
+    inode = os.stat(path).st_ino
+    code, out = run("repair", str(path), "--json")
+    [rep] = rows(out)
+    assert code == 0 and rep["quarantine"] is None and rep["changed_lines"] == []
+    assert os.stat(path).st_ino == inode  # the same file: Codex's index still names it
+    assert path.read_bytes().startswith(original)
+    assert [a["code"] for a in rep["appended"]] == ["TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED"]
+
+
+def test_torn_tail_is_quarantined_never_dropped_silently(codex_dir):
+    [path] = [p for p in codex_dir.rglob("*torn.jsonl")]
+    original = path.read_bytes()
+    code, out = run("repair", str(path), "--json")
+    [rep] = rows(out)
+    assert code == 0 and rep["truncated_bytes"] == 40
+    with open(rep["quarantine"], "rb") as q:
+        assert path.read_bytes() + q.read() == original
+    assert ".torn." in os.path.basename(rep["quarantine"])
+
+
+def test_dry_run_and_show_write_nothing(claude_dir, codex_dir):
+    roots = [claude_dir, codex_dir]
+    before = [snapshot(r) for r in roots]
+    code, out = run("repair", str(claude_dir), "--dry-run", "--json")
+    assert code == 0
+    assert {r["file"]: r["status"] for r in rows(out)}["dangling-call.jsonl"] == "repaired"
+    assert all(r["dry_run"] and r["backup"] is None for r in rows(out))
+    for fmt in ("events", "openai", "anthropic", "responses"):
+        code, _ = run("show", str(claude_dir / "dangling-call.jsonl"), "--format", fmt)
+        assert code == 0
+    assert [snapshot(r) for r in roots] == before
+
+
+@pytest.mark.parametrize("view", ["openai", "anthropic", "responses"])
+def test_show_check_passes_on_the_repaired_view(claude_dir, codex_dir, view, capsys):
+    for path in [claude_dir / "interrupted-parallel.jsonl", *codex_dir.rglob("*dangling-call.jsonl")]:
+        code, out = run("show", str(path), "--format", view, "--check")
+        assert code == 0
+        body = json.loads(out)
+        items = body["input" if view == "responses" else "messages"]
+        assert "TOOL_NOT_STARTED" in json.dumps(items)
+    assert "fails the" in capsys.readouterr().err  # the file as it is would be rejected
+
+
+def test_input_format_forces_the_reader(tmp_path):
+    # A transcript whose first lines are metadata only: not recognized by content...
+    path = tmp_path / "odd.jsonl"
+    with open(os.path.join(FIXTURES, "claude-code", "dangling-call.jsonl"), "rb") as f:
+        body = f.read()
+    path.write_bytes(b'{"type":"ai-title","title":"x"}\n' + body)
+    code, out = run("scan", str(path), "--input-format", "claude-code", "--json")
+    assert code == 1 and rows(out)[0]["unanswered_calls"] == ["toolu_05Edit"]
+    # ...and a file that is not that format at all is an error (exit 4), never repaired.
+    other = tmp_path / "notes.jsonl"
+    other.write_bytes(b"hello\n")
+    code, out = run("repair", str(other), "--input-format", "codex", "--json")
+    assert code == 4 and other.read_bytes() == b"hello\n"
+    code, _ = run("scan", str(tmp_path / "missing.jsonl"), "--input-format", "codex")
+    assert code == 2
+
+
+def test_sessionlog_fixtures_are_not_claimed():
+    assert foreign.command.claim(FIXTURES) is None
+    assert foreign.command.claim(os.path.join(FIXTURES, "torn.jsonl")) is None
+
+
+def test_a_file_held_open_by_a_live_process_is_refused_unless_forced(claude_dir):
+    path = claude_dir / "dangling-call.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1],'ab'); "
+                              "print('ok', flush=True); time.sleep(60)", str(path)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"ok"
+        before = path.read_bytes()
+        code, out = run("scan", str(path), "--json")
+        assert code == 0 and rows(out)[0]["status"] == "open"
+        assert f"process {child.pid}" in rows(out)[0]["in_use"][0]
+        code, out = run("repair", str(path), "--json")
+        assert code == 5 and "in use" in rows(out)[0]["reason"]
+        assert path.read_bytes() == before
+        code, out = run("repair", str(path), "--force", "--json")
+        assert code == 0 and rows(out)[0]["status"] == "repaired"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
+def test_claude_session_record_of_a_live_process_refuses(claude_dir):
+    path = claude_dir / "dangling-call.jsonl"
+    sessions = claude_dir.parent.parent / "sessions"
+    sessions.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (sessions / f"{child.pid}.json").write_text(json.dumps(
+            {"pid": child.pid, "sessionId": "dangling-call", "cwd": "/x", "startedAt": 1}))
+        code, out = run("repair", str(path), "--json")
+        assert code == 5 and f"Claude Code process {child.pid}" in rows(out)[0]["reason"]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    for _ in range(100):  # a dead process's record no longer refuses
+        code, out = run("repair", str(path), "--json")
+        if code == 0:
+            break
+        time.sleep(0.01)
+    assert code == 0 and rows(out)[0]["status"] == "repaired"
+
+
+class FailingSync(FileSystem):
+    """Fails the fsync of the temp that would replace the transcript."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def fsync(self, fd: int) -> None:
+        self.calls += 1
+        if self.calls == 2:  # 1: the backup's temp; 2: the new transcript's temp
+            raise OSError(5, "Input/output error")
+        super().fsync(fd)
+
+
+def test_a_failed_sync_leaves_the_file_as_it_was(claude_dir):
+    path = str(claude_dir / "orphan-result.jsonl")
+    original = open(path, "rb").read()
+    snap = files.read(path)
+    exam = foreign.examine(snap.data, foreign.get("claude-code"))
+    with pytest.raises(IOFailure) as info:
+        files.write_repair(snap, exam, FailingSync())
+    assert isinstance(info.value.__cause__, OSError)
+    assert open(path, "rb").read() == original
+    assert not [n for n in os.listdir(claude_dir) if n.endswith(".tmp")]
+
+
+def test_a_file_changed_after_it_was_read_is_not_replaced(claude_dir):
+    path = str(claude_dir / "orphan-result.jsonl")
+    snap = files.read(path)
+    exam = foreign.examine(snap.data, foreign.get("claude-code"))
+    with open(path, "ab") as f:
+        f.write(b'{"type":"last-prompt","lastPrompt":"x"}\n')
+    changed = open(path, "rb").read()
+    with pytest.raises(IOFailure):
+        files.write_repair(snap, exam)
+    assert open(path, "rb").read() == changed
+
+
+def test_console_script(claude_dir):
+    exe = os.path.join(os.path.dirname(sys.executable), "sessionlog")
+    r = subprocess.run([exe, "scan", str(claude_dir / "torn.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 1 and "torn" in r.stdout
+    r = subprocess.run([exe, "repair", str(claude_dir / "torn.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 0 and "repaired" in r.stdout
