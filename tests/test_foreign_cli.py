@@ -289,3 +289,10 @@ def test_console_script(claude_dir):
     assert r.returncode == 1 and "torn" in r.stdout
     r = subprocess.run([exe, "repair", str(claude_dir / "torn.jsonl")], capture_output=True, text=True)
     assert r.returncode == 0 and "repaired" in r.stdout
+
+
+def test_a_fifo_is_an_error_not_a_hang(tmp_path):
+    fifo = tmp_path / "rollout.jsonl"
+    os.mkfifo(fifo, 0o600)
+    code, out = run("scan", str(fifo), "--input-format", "codex", "--json")
+    assert code == 4 and "not a regular file" in rows(out)[0]["error"]

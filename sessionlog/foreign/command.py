@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,11 +50,20 @@ class ForeignTarget:
 
 
 def _head(path: str) -> bytes:
+    """The first bytes of a regular file (nothing for a FIFO, device or symlink: opening
+    never blocks and never follows a link)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(HEAD_BYTES)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, HEAD_BYTES, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _is_sessionlog(head: bytes) -> bool:
@@ -81,7 +91,7 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
         if input_format not in FORMATS:
             raise ForeignUsageError(f"unknown input format {input_format!r}; known: {', '.join(FORMATS)}")
         forced = get(input_format)
-    if os.path.isfile(target):
+    if os.path.exists(target) and not os.path.isdir(target):
         head = _head(target)
         if forced is not None:
             return ForeignTarget([(target, forced)], None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 
@@ -35,11 +36,14 @@ class Snapshot:
 
 
 def read(path: str, fs: FileSystem = OS) -> Snapshot:
-    """Read the whole file (never following a symlink). Raises IOFailure."""
+    """Read the whole file (never following a symlink, never blocking on a FIFO). Raises
+    IOFailure, also for anything but a regular file."""
     try:
-        fd = fs.open(path, os.O_RDONLY | O_NOFOLLOW)
+        fd = fs.open(path, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW)
         try:
             st = fs.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IOFailure(f"{path}: not a regular file")
             chunks = []
             offset = 0
             while True:
