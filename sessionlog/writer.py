@@ -1,25 +1,46 @@
 """asyncio write-behind: events are accepted at once and made durable in batches.
 
-One pending queue per session, a batching deadline, at most one write in flight per
-session, and a flush barrier. Events that arrive while a write is in flight go into the
-next batch: that is group commit. Durable writes run in a worker thread (fdatasync blocks).
+One pending queue per session, at most one write in flight per session, an optional
+batching deadline, and a flush barrier. Events that arrive while a write is in flight go
+into the next batch: that is group commit. A batch is bounded by count (``max_batch``)
+and by bytes (the store's batch limit), so a burst of large events never falls back to
+one sync per event.
 
     async with WriteBehind(store) as writer:
         seq = await writer.append("s1", [{"type": "tool/call", ...}])   # durable
         writer.submit("s1", [{"type": "llm/chunk", ...}])                # accepted only
         await writer.flush("s1")                                          # checkpoint
 
-Failure contract, per session:
+**One owner per session.** A session has one writer at a time: the write-behind owns a
+session (``store.session(id)``) from its first write until :meth:`WriteBehind.close`.
+If another handle owns it, the events waiting for that write fail with
+:class:`~sessionlog.SessionLocked` (after waiting up to ``lock_wait`` seconds for the
+owner to let go; 0 by default), and the next event tries to own it again.
 
+**Where writes run.** A write runs in a worker thread (a sync blocks), except when it
+is the only write the writer has to do (one producer's events, no other write in
+flight, the session already owned): then it runs inline on the event loop, which costs
+what a direct durable append costs and no thread hop. ``inline=False`` always uses a
+thread (the loop is then never blocked by a sync).
+
+Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever raised:
+
+- An event the store refuses (not an event, not serializable, nested too deep, over a
+  size limit: :class:`~sessionlog.InvalidEvent`) fails only its producer: ``submit``
+  raises at once when the event cannot be encoded, and a batch the store refuses is
+  split until the refused producer is found; everything else is written, in order.
 - A batch that failed and was rolled back goes back to the head of the queue, in order,
-  and the automatic path pauses. The failure is reported to ``on_error``; the producers
-  of queued events keep waiting (their events are not written, and not lost). While
-  paused, new events are refused at once with the failure. :meth:`WriteBehind.flush`
-  retries the queue and raises if it fails again (the queue is kept for a later flush).
+  and the automatic path pauses. The failure is reported to ``on_error``. Producers
+  awaiting :meth:`WriteBehind.append` get the failure at once and their events are
+  withdrawn (never written later); events accepted with :meth:`WriteBehind.submit` stay
+  queued. While paused, new events are refused at once with the failure.
+  :meth:`WriteBehind.flush` retries the queue and raises if it fails again (the queue is
+  kept for a later flush).
+- Owning the session failed (``SessionLocked``, ``SessionNotFound``, ``CorruptLog``):
+  every queued event of the session fails with that error; nothing was written.
 - A batch whose outcome is unknown (``AppendFailed.outcome_unknown``: a commit error, a
   failed rollback) is never written again: its producers get that error, the other
   queued events are failed and dropped, and the session refuses new events.
-- An event the store refuses (``InvalidEvent``) fails only its producer.
 - :meth:`WriteBehind.close` stops admission and flushes; events that still cannot be
   written are failed and dropped. A producer told its events failed can rely on them not
   being written later.
@@ -28,46 +49,69 @@ Failure contract, per session:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from .contract import (
     AppendFailed,
+    CorruptLog,
     EventStore,
     InvalidEvent,
     SessionHandle,
+    SessionLocked,
     SessionLogError,
+    SessionNotFound,
     StoreClosed,
+    events_list,
 )
+from .scan import DEFAULT_LIMITS
+
+ENVELOPE_BYTES = 64
+"""Bytes counted per event for the envelope the store adds (``{"seq":…,"ts":…,``) and
+its framing, when a batch is bounded by bytes before it is encoded."""
+
+_encoder = msgspec.json.Encoder()
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Pending:
     events: list[Mapping[str, Any]]
+    nbytes: int
     future: asyncio.Future[int]
+    awaited: bool = False  # an append() is waiting on it (withdrawn when the session pauses)
+    refused: bool = False  # failed for its own events, not for the session's state
 
 
-@dataclass
+@dataclass(eq=False)
 class _Lane:
     """The queue and writer state of one session."""
 
     session_id: str
-    queue: list[_Pending] = field(default_factory=list)
+    queue: deque[_Pending] = field(default_factory=deque)
     handle: SessionHandle | None = None
     task: asyncio.Task[None] | None = None
-    paused: BaseException | None = None  # a retryable failure: the automatic path waits for flush()
-    dead: BaseException | None = None  # an unknown outcome: nothing more is written
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last: _Pending | None = None  # the last event accepted: what a flush waits for
+    paused: SessionLogError | None = None  # a retryable failure: the automatic path waits for flush()
+    dead: SessionLogError | None = None  # an unknown outcome: nothing more is written
+    stalled: asyncio.Future[None] | None = None  # resolved when the lane pauses (wakes flushes)
 
 
 class WriteBehind:
     """Write-behind over an :class:`EventStore` for any number of sessions.
 
     ``max_delay``: how long (seconds) the first event of a batch may wait for company.
-    ``max_batch``: most events per batch (the store also enforces its byte limit).
-    Each session is owned (``store.session``) from its first write until :meth:`close`.
+    ``max_batch``: most events per batch. ``max_batch_bytes``: most encoded bytes per
+    batch (default: the store's batch limit, less a margin). ``lock_wait``: seconds to
+    wait for another owner of a session before its events fail with SessionLocked.
+    ``inline``: write on the event loop when it is the only write to do (see the module
+    docstring). ``workers``: threads for writes of different sessions at once.
+    ``on_error(session_id, exc)`` hears of background failures.
     """
 
     def __init__(
@@ -76,38 +120,65 @@ class WriteBehind:
         *,
         max_delay: float = 0.0,
         max_batch: int = 1024,
+        max_batch_bytes: int | None = None,
+        lock_wait: float = 0.0,
+        inline: bool = True,
+        workers: int = 16,
         on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.store = store
         self.max_delay = max_delay
         self.max_batch = max_batch
+        if max_batch_bytes is None:
+            limit = getattr(getattr(store, "limits", None), "batch_limit", DEFAULT_LIMITS.batch_limit)
+            max_batch_bytes = max(limit - limit // 16, 1)
+        self.max_batch_bytes = max_batch_bytes
+        self.lock_wait = lock_wait
+        self.inline = inline
         self.on_error = on_error
         self._lanes: dict[str, _Lane] = {}
         self._closing = False
+        self._in_flight = 0  # writes running in worker threads
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
+                                                               thread_name_prefix="sessionlog-writer")
 
     # -- admission ---------------------------------------------------------------------
 
     def submit(self, session_id: str, events: Sequence[Mapping[str, Any]]) -> asyncio.Future[int]:
-        """Accept ``events`` for ``session_id`` now; the future resolves to the last seq
-        once they are durable. Raises StoreClosed after close() began, and the session's
-        failure while it is paused or stopped."""
+        """Accept ``events`` for ``session_id`` now; the future resolves to the seq of the
+        last of them once they are durable (or fails with why they were not written).
+
+        Raises at once, accepting nothing: StoreClosed after close() began; InvalidEvent
+        when the events cannot be encoded (not mappings, not serializable, nested too
+        deep) or are larger than a batch; the session's failure while it is paused or
+        stopped."""
         if self._closing:
             raise StoreClosed("write-behind is closing: no new events are accepted")
         lane = self._lanes.get(session_id)
         if lane is None:
             lane = self._lanes[session_id] = _Lane(session_id)
-            lane.idle.set()
         failure = lane.dead or lane.paused
         if failure is not None:
             raise failure
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        lane.queue.append(_Pending(list(events), future))
+        batch = events_list(events)
+        nbytes = _encoded_size(batch)
+        if nbytes > self.max_batch_bytes:
+            raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
+                               f"({self.max_batch_bytes} bytes); split them")
+        pending = _Pending(batch, nbytes, asyncio.get_running_loop().create_future())
+        lane.queue.append(pending)
+        lane.last = pending
         self._start(lane)
-        return future
+        return pending.future
 
     async def append(self, session_id: str, events: Sequence[Mapping[str, Any]]) -> int:
-        """Accept ``events`` and wait until they are durable; returns the last seq."""
-        return await self.submit(session_id, events)
+        """Accept ``events`` and wait until they are durable; returns the seq of the last.
+
+        Raises what :meth:`submit` raises, and why the events were not written
+        (InvalidEvent, SessionLocked, AppendFailed...): then they never will be."""
+        future = self.submit(session_id, events)
+        self._lanes[session_id].last.awaited = True  # type: ignore[union-attr]
+        return await future
 
     def failure(self, session_id: str) -> BaseException | None:
         """What keeps the session's queue from being written (None when it is healthy)."""
@@ -119,7 +190,6 @@ class WriteBehind:
     def _start(self, lane: _Lane) -> None:
         """Start the lane's drain task unless one is running (at most one write in flight)."""
         if lane.task is None:
-            lane.idle.clear()
             lane.task = asyncio.get_running_loop().create_task(self._drain(lane))
 
     async def _drain(self, lane: _Lane) -> None:
@@ -130,39 +200,40 @@ class WriteBehind:
                 await self._write_next(lane)
         finally:
             lane.task = None
-            lane.idle.set()
+
+    def _take(self, lane: _Lane) -> list[_Pending]:
+        """The next batch: a prefix of the queue within the count and byte bounds (at
+        least one producer's events)."""
+        batch: list[_Pending] = []
+        count = nbytes = 0
+        queue = lane.queue
+        while queue:
+            pending = queue[0]
+            if batch and (count + len(pending.events) > self.max_batch
+                          or nbytes + pending.nbytes > self.max_batch_bytes):
+                break
+            batch.append(queue.popleft())
+            count += len(pending.events)
+            nbytes += pending.nbytes
+        return batch
 
     async def _write_next(self, lane: _Lane) -> None:
-        batch: list[_Pending] = []
-        n = 0
-        for pending in lane.queue:
-            if batch and n + len(pending.events) > self.max_batch:
-                break
-            batch.append(pending)
-            n += len(pending.events)
-        del lane.queue[: len(batch)]
-        try:
-            _resolve(batch, await self._write(lane, batch))
-        except InvalidEvent as exc:
-            await self._write_each(lane, batch, exc)
-        except BaseException as exc:
-            self._failed(lane, batch, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-
-    async def _write_each(self, lane: _Lane, batch: list[_Pending], cause: InvalidEvent) -> None:
-        """The grouped batch was refused: write each producer's events on their own, so
-        only the producer at fault fails."""
-        if len(batch) == 1:
-            _fail(batch, cause)
-            return
-        for i, pending in enumerate(batch):
+        """Write the next batch. If the store refuses it before writing any of it (an
+        InvalidEvent), its halves are written in order, split again until each refused
+        producer is alone: only those fail, everything else is written, in order."""
+        parts: deque[list[_Pending]] = deque([self._take(lane)])
+        while parts:
+            part = parts.popleft()
             try:
-                _resolve([pending], await self._write(lane, [pending]))
+                _resolve(part, await self._write(lane, part))
             except InvalidEvent as exc:
-                _fail([pending], exc)
+                if len(part) == 1:
+                    _refuse(part[0], exc)
+                else:
+                    middle = len(part) // 2
+                    parts.extendleft((part[middle:], part[:middle]))
             except BaseException as exc:
-                self._failed(lane, batch[i:], exc)
+                self._failed(lane, part + [p for rest in parts for p in rest], exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 return
@@ -171,37 +242,53 @@ class WriteBehind:
         """Nothing of ``batch`` was written (or, for an unknown outcome, maybe some was).
         Producers already answered (written before a cancellation) are left out."""
         batch = [p for p in batch if not p.future.done()]
-        if isinstance(exc, AppendFailed) and exc.outcome_unknown:
-            self._stop(lane, batch, exc)
-        elif isinstance(exc, asyncio.CancelledError):
-            lane.queue[:0] = batch
-        else:  # rolled back, SessionLocked, IOFailure...: retry on flush()
-            self._pause(lane, batch, exc)
+        if isinstance(exc, asyncio.CancelledError):
+            lane.queue.extendleft(reversed(batch))
+            return
+        failure = _as_error(exc)
+        if isinstance(failure, AppendFailed) and failure.outcome_unknown:
+            self._stop(lane, batch, failure)
+        elif isinstance(failure, (SessionLocked, SessionNotFound, CorruptLog, StoreClosed)):
+            # Owning the session failed (or the store is gone): nothing was written, and
+            # retrying will not help these producers; a later event tries again.
+            _fail(batch, failure)
+            _fail(lane.queue, failure)
+            lane.queue.clear()
+            self._report(lane, failure)
+        else:  # rolled back, IOFailure...: retry on flush()
+            self._pause(lane, batch, failure)
 
     async def _write(self, lane: _Lane, batch: list[_Pending]) -> int:
-        """One durable append of ``batch`` in a worker thread. If the awaiting task is
-        cancelled, the thread's outcome is still awaited and settled before the
-        cancellation goes on, so a batch is never both written and requeued."""
-        events = [e for p in batch for e in p.events]
-        thread = asyncio.ensure_future(asyncio.to_thread(self._write_sync, lane, events))
+        """One durable append of ``batch``: inline when it is the writer's only write,
+        else in a worker thread. If the awaiting task is cancelled, the thread's outcome
+        is still awaited and settled before the cancellation goes on, so a batch is never
+        both written and requeued."""
+        events = batch[0].events if len(batch) == 1 else [e for p in batch for e in p.events]
+        if self.inline and self._in_flight == 0 and lane.handle is not None and not lane.queue and len(batch) == 1:
+            return self._write_sync(lane, events)
+        self._in_flight += 1
         try:
-            return await asyncio.shield(thread)
-        except asyncio.CancelledError:
+            thread = asyncio.get_running_loop().run_in_executor(self._executor, self._write_sync, lane, events)
             try:
-                last = await thread
-            except AppendFailed as exc:
-                if exc.outcome_unknown:  # maybe written: never requeued, never written again
-                    self._stop(lane, batch, exc)
-            except BaseException:
-                pass  # not written: the caller requeues it
-            else:
-                _resolve(batch, last)  # written: answered, so never requeued
-            raise
+                return await asyncio.shield(thread)
+            except asyncio.CancelledError:
+                try:
+                    last = await thread
+                except AppendFailed as exc:
+                    if exc.outcome_unknown:  # maybe written: never requeued, never written again
+                        self._stop(lane, batch, exc)
+                except BaseException:
+                    pass  # not written: the caller requeues it
+                else:
+                    _resolve(batch, last)  # written: answered, so never requeued
+                raise
+        finally:
+            self._in_flight -= 1
 
     def _write_sync(self, lane: _Lane, events: list[Mapping[str, Any]]) -> int:
         handle = lane.handle
         if handle is None:
-            handle = lane.handle = self.store.session(lane.session_id)
+            handle = lane.handle = self.store.session(lane.session_id, timeout=self.lock_wait)  # type: ignore[call-arg]
         try:
             return handle.append(events)
         except AppendFailed:
@@ -211,10 +298,23 @@ class WriteBehind:
             if lane.handle is handle:
                 lane.handle = None
             raise
+        except SessionLogError:
+            raise
+        except Exception as exc:
+            # Raised before anything was written (encoding: RecursionError, TypeError...):
+            # the events are refused, the handle stays good.
+            raise _Refused(f"{lane.session_id}: the store refused the events: {type(exc).__name__}: {exc}") from exc
 
-    def _pause(self, lane: _Lane, batch: list[_Pending], exc: BaseException) -> None:
-        lane.queue[:0] = batch
+    def _pause(self, lane: _Lane, batch: list[_Pending], exc: SessionLogError) -> None:
+        lane.queue.extendleft(reversed(batch))
+        awaited = [p for p in lane.queue if p.awaited]
+        if awaited:  # an awaiting producer is told now; its events are withdrawn
+            _fail(awaited, exc)
+            lane.queue = deque(p for p in lane.queue if not p.awaited)
         lane.paused = exc
+        if lane.stalled is not None and not lane.stalled.done():
+            lane.stalled.set_result(None)
+        lane.stalled = None
         self._report(lane, exc)
 
     def _stop(self, lane: _Lane, batch: list[_Pending], exc: AppendFailed) -> None:
@@ -232,50 +332,90 @@ class WriteBehind:
     # -- barrier and shutdown ----------------------------------------------------------
 
     async def flush(self, session_id: str | None = None) -> None:
-        """Wait until everything accepted so far (for one session, or all) is durable.
+        """Wait until every event accepted before this call (for one session, or all) is
+        settled: durable, or failed for its own producer. A barrier: events accepted
+        after the call do not delay it, however busy the session is.
 
         A paused session is retried; if its queue still cannot be written the failure
-        is raised and the queue is kept (a later flush retries it)."""
+        is raised and the queue is kept (a later flush retries it). Raises the session's
+        failure when events accepted before the call were not written because of it
+        (SessionLocked, AppendFailed, StoreClosed...), not when one producer's own events
+        were refused (that producer's future says so)."""
         if session_id is None:
             lanes = list(self._lanes.values())
         else:
             lanes = [self._lanes[session_id]] if session_id in self._lanes else []
+        first: SessionLogError | None = None
         for lane in lanes:
-            while True:
-                await lane.idle.wait()
-                if lane.dead is not None:
-                    raise lane.dead
-                if not lane.queue:
-                    lane.paused = None
-                    break
-                if lane.paused is not None:
-                    cause, lane.paused = lane.paused, None
-                    self._start(lane)
-                    await lane.idle.wait()
-                    if lane.paused is not None:
-                        raise lane.paused from cause
-                    continue
-                self._start(lane)
+            try:
+                await self._barrier(lane)
+            except SessionLogError as exc:
+                if session_id is not None:
+                    raise
+                first = first or exc
+        if first is not None:
+            raise first
+
+    async def _barrier(self, lane: _Lane) -> None:
+        # Everything accepted so far settles in order: the newest queued event settles
+        # last (with an empty queue, the newest accepted, in flight or settled).
+        if lane.dead is not None:
+            raise lane.dead
+        target = lane.queue[-1] if lane.queue else lane.last
+        if target is None or target.future.done():
+            return  # settled before this call: its producers were told
+        retried: SessionLogError | None = None
+        while not target.future.done():
+            if lane.dead is not None:
+                raise lane.dead
+            if lane.paused is not None:
+                if retried is not None:
+                    raise lane.paused from retried
+                retried, lane.paused = lane.paused, None
+            self._start(lane)
+            if lane.stalled is None:
+                lane.stalled = asyncio.get_running_loop().create_future()
+            await asyncio.wait((target.future, lane.stalled), return_when=asyncio.FIRST_COMPLETED)
+        if target.refused:
+            return
+        exc = target.future.exception()
+        if exc is not None:
+            raise exc
 
     async def close(self) -> None:
         """Stop admission, flush every session, release every session it owns. Events
         that cannot be written are failed and dropped; the first failure is raised."""
         self._closing = True
-        first: BaseException | None = None
-        for lane in list(self._lanes.values()):
-            try:
-                await self.flush(lane.session_id)
-            except BaseException as exc:
-                first = first or exc
-                if lane.task is not None:
-                    # A write may be in flight in its thread: let it finish and settle
-                    # before the handle (its descriptor and its lock) goes away.
-                    await _settled(lane.task)
-                _fail(lane.queue, exc)
-                lane.queue.clear()
-            if lane.handle is not None:
-                handle, lane.handle = lane.handle, None
-                await _settled(asyncio.ensure_future(asyncio.to_thread(handle.close)))
+        first: SessionLogError | None = None
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            for lane in list(self._lanes.values()):
+                try:
+                    if cancelled is not None:
+                        raise cancelled  # no more waiting: settle and release the rest
+                    await self.flush(lane.session_id)
+                except (SessionLogError, asyncio.CancelledError) as exc:
+                    failure: SessionLogError
+                    if isinstance(exc, asyncio.CancelledError):
+                        cancelled = exc  # raised once every session is released
+                        failure = StoreClosed("write-behind closed (cancelled) before these events were written")
+                    else:
+                        failure = exc
+                        first = first or exc
+                    _fail(lane.queue, failure)
+                    lane.queue.clear()
+                    if lane.task is not None:
+                        # A write may be in flight in its thread: let it finish and settle
+                        # before the handle (its descriptor and its lock) goes away.
+                        await _settled(lane.task)
+                if lane.handle is not None:
+                    handle, lane.handle = lane.handle, None
+                    with contextlib.suppress(SessionLogError):
+                        await _settled(asyncio.get_running_loop().run_in_executor(self._executor, handle.close))
+        finally:
+            self._executor.shutdown(wait=False)
+        if cancelled is not None:
+            raise cancelled
         if first is not None:
             raise first
 
@@ -284,6 +424,28 @@ class WriteBehind:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _Refused(InvalidEvent):
+    """The store raised something other than a SessionLogError before writing (an
+    encoder's RecursionError...): the events are refused, as an InvalidEvent."""
+
+
+def _encoded_size(events: list[Mapping[str, Any]]) -> int:
+    """Bytes the events take encoded (plus the envelope); InvalidEvent when they cannot
+    be encoded at all."""
+    try:
+        return len(_encoder.encode(events)) + ENVELOPE_BYTES * len(events)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        raise InvalidEvent(f"events cannot be encoded: {type(exc).__name__}: {exc}") from None
+
+
+def _as_error(exc: BaseException) -> SessionLogError:
+    if isinstance(exc, SessionLogError):
+        return exc
+    failure = AppendFailed(f"write failed: {type(exc).__name__}: {exc}")
+    failure.__cause__ = exc
+    return failure
 
 
 async def _settled(task: asyncio.Future[Any]) -> None:
@@ -310,7 +472,12 @@ def _resolve(batch: list[_Pending], last: int) -> None:
             pending.future.set_result(end)
 
 
-def _fail(pending: list[_Pending], exc: BaseException) -> None:
+def _refuse(pending: _Pending, exc: BaseException) -> None:
+    pending.refused = True
+    _fail([pending], exc if isinstance(exc, SessionLogError) else _as_error(exc))
+
+
+def _fail(pending: Sequence[_Pending] | deque[_Pending], exc: BaseException) -> None:
     for p in pending:
         if not p.future.done():
             p.future.set_exception(exc)

@@ -284,3 +284,217 @@ def test_close_cancelled_mid_write_waits_for_the_write_and_keeps_the_cancellatio
     asyncio.run(main())
     assert [r["type"] for r in store.read("s1")] == ["session/start", "a"]
     assert store.scan("s1").status == "clean"
+
+
+# --- issue 10: write-behind that never starves or hangs ----------------------------------
+
+
+class SlowSyncFS(FileSystem):
+    """Every sync takes a little while, so a busy session always has a queue."""
+
+    def __init__(self, delay: float = 0.002) -> None:
+        self.delay = delay
+        self.syncs = 0
+        self.largest_write = 0
+
+    def write(self, fd, data):
+        self.largest_write = max(self.largest_write, len(data))
+        return super().write(fd, data)
+
+    def fdatasync(self, fd):
+        import time
+
+        time.sleep(self.delay)
+        self.syncs += 1
+        super().fdatasync(fd)
+
+
+def test_flush_is_a_barrier_on_what_was_accepted_before_it_however_busy(tmp_path):
+    store = open_jsonl(str(tmp_path), fs=SlowSyncFS())
+    store.create("s1")
+
+    async def main():
+        async with WriteBehind(store) as w:
+            stop = asyncio.Event()
+
+            async def busy(k):
+                i = 0
+                while not stop.is_set():
+                    w.submit("s1", [{"type": "chatter", "k": k, "i": i}])
+                    i += 1
+                    await asyncio.sleep(0)
+
+            chatter = [asyncio.create_task(busy(k)) for k in range(4)]
+            await asyncio.sleep(0.05)
+            marker = w.submit("s1", [{"type": "marker"}])
+            await asyncio.wait_for(w.flush("s1"), 5)  # returns although the queue never empties
+            seq = marker.result()
+            assert [r["type"] for r in store.read("s1", after_seq=seq - 1)][:1] == ["marker"]  # durable
+            stop.set()
+            await asyncio.gather(*chatter)
+            return seq
+
+    seq = asyncio.run(main())
+    assert store.scan("s1").last_seq >= seq
+    assert [r for r in store.read("s1", after_seq=seq - 1)][0]["type"] == "marker"
+
+
+def test_submit_and_flush_per_producer_groups_like_append(tmp_path):
+    fs = CountingFS()
+    store = open_jsonl(str(tmp_path), fs=fs)
+    store.create("s1")
+
+    async def main():
+        async with WriteBehind(store) as w:
+            async def producer(k):
+                for i in range(10):
+                    w.submit("s1", [{"type": "ev", "k": k, "i": i}])
+                    await w.flush("s1")
+            await asyncio.gather(*(producer(k) for k in range(32)))
+
+    asyncio.run(main())
+    records = list(store.read("s1"))
+    assert len(records) == 321
+    assert fs.syncs < 320 // 4  # producers share syncs: a flush does not wait for the others' later events
+    for k in range(32):
+        assert [r["i"] for r in records if r.get("k") == k] == list(range(10))
+
+
+def test_append_to_a_session_another_handle_owns_raises_session_locked_promptly(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    owner = store.session("s1")
+
+    async def main():
+        async with WriteBehind(store) as w:
+            with pytest.raises(sessionlog.SessionLocked):
+                await asyncio.wait_for(w.append("s1", [{"type": "a"}]), 5)
+            queued = w.submit("s1", [{"type": "b"}])
+            with pytest.raises(sessionlog.SessionLocked):
+                await asyncio.wait_for(w.flush("s1"), 5)
+            with pytest.raises(sessionlog.SessionLocked):
+                await queued
+            owner.close()  # the owner lets go: the next event owns the session
+            assert await w.append("s1", [{"type": "c"}]) == 2
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "c"]
+
+
+def test_lock_wait_waits_for_the_owner_to_let_go(tmp_path):
+    import threading
+
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    owner = store.session("s1")
+    threading.Timer(0.2, owner.close).start()
+
+    async def main():
+        async with WriteBehind(store, lock_wait=10) as w:
+            return await asyncio.wait_for(w.append("s1", [{"type": "a"}]), 10)
+
+    assert asyncio.run(main()) == 2
+
+
+def _nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_deeply_nested_event_fails_only_its_producer(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+
+    async def main():
+        async with WriteBehind(store, max_delay=0.01) as w:
+            goods = [w.submit("s1", [{"type": "ok", "i": i}]) for i in range(3)]
+            with pytest.raises(sessionlog.InvalidEvent):  # cannot even be encoded: refused at once
+                w.submit("s1", [{"type": "deep", "v": _nested(100_000)}])
+            too_deep = w.submit("s1", [{"type": "deep", "v": _nested(300)}])  # encodes; the store refuses
+            goods += [w.submit("s1", [{"type": "ok", "i": i}]) for i in range(3, 6)]
+            await w.flush("s1")  # one producer's refusal is not the session's failure
+            with pytest.raises(sessionlog.InvalidEvent):
+                await too_deep
+            return [await g for g in goods]
+
+    assert asyncio.run(main()) == [2, 3, 4, 5, 6, 7]
+    assert [r.get("i") for r in store.read("s1")][1:] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_store_error_that_is_not_a_session_log_error_is_an_invalid_event_of_one_producer(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+
+    class Picky:
+        def __init__(self, inner):
+            self.inner = inner
+
+        @property
+        def last_seq(self):
+            return self.inner.last_seq
+
+        def append(self, events, *, expect_seq=None):
+            if any(e.get("poison") for e in events):
+                raise RecursionError("maximum recursion depth exceeded while serializing an object")
+            return self.inner.append(events, expect_seq=expect_seq)
+
+        def close(self):
+            self.inner.close()
+
+    class PickyStore:
+        def session(self, sid, **kw):
+            return Picky(store.session(sid, **kw))
+
+    async def main():
+        w = WriteBehind(PickyStore(), max_delay=0.01)
+        futures = [w.submit("s1", [{"type": "ok", "i": i, "poison": i == 5}]) for i in range(12)]
+        await w.flush("s1")
+        await w.close()  # nothing but the one producer failed
+        out = []
+        for f in futures:
+            try:
+                out.append(await f)
+            except sessionlog.InvalidEvent as exc:
+                assert isinstance(exc.__cause__, RecursionError)
+                out.append("refused")
+        return out
+
+    out = asyncio.run(main())
+    assert out == [2, 3, 4, 5, 6, "refused", 7, 8, 9, 10, 11, 12]
+    assert [r.get("i") for r in store.read("s1")][1:] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+
+
+def test_batches_are_bounded_by_bytes_no_cliff_into_one_sync_per_event(tmp_path):
+    fs = SlowSyncFS(delay=0.0)
+    store = open_jsonl(str(tmp_path), fs=fs)
+    store.create("s1")
+    text = "x" * 2100
+
+    async def main():
+        async with WriteBehind(store, max_delay=0.01) as w:
+            await asyncio.gather(*(w.append("s1", [{"type": "big", "k": k, "t": text}]) for k in range(512)))
+
+    asyncio.run(main())
+    assert len(list(store.read("s1"))) == 513
+    assert fs.syncs <= 6  # about 1.1 MB in ~1 MiB batches, not 512 syncs
+    assert fs.largest_write <= store.limits.batch_limit
+
+
+def test_an_awaiting_producer_is_told_at_once_when_the_session_pauses(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    scripted = ScriptedStore(store, [AppendFailed("rolled back")])
+
+    async def main():
+        w = WriteBehind(scripted, max_delay=0.01)
+        submitted = w.submit("s1", [{"type": "submitted"}])
+        with pytest.raises(AppendFailed):
+            await asyncio.wait_for(w.append("s1", [{"type": "awaited"}]), 5)
+        await w.flush("s1")  # retried: the submitted event is written, the awaited one was withdrawn
+        assert await submitted == 2
+        await w.close()
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "submitted"]
