@@ -171,20 +171,13 @@ def append_cases(
     build(ids[3], labels[3], make_oneshot)
 
     def make_round_robin() -> Case:
-        # On PostgreSQL an owned session is a connection (its advisory lock is held by
-        # the connection): 100 handles would take 100 connections, so there the sessions
-        # are appended one-shot (row lock per append) instead.
-        one_shot = name == "postgresql"
         appenders = []
         for i in range(ROUND_ROBIN_SESSIONS):
             sid = backend.sid(f"rr-{i:03d}")
             store.create(sid)
-            if one_shot:
-                appenders.append(lambda batch, sid=sid: store.append(sid, batch))
-            else:
-                handle = store.session(sid)
-                stack.callback(handle.close)
-                appenders.append(handle.append)
+            handle = store.session(sid)
+            stack.callback(handle.close)
+            appenders.append(handle.append)
         batches = _batches(events, 1, count=ROUND_ROBIN_SESSIONS)
         state = [0]
 
@@ -194,12 +187,36 @@ def append_cases(
             appenders[i](batches[i])
             return 1, int(record_bytes)
 
-        label = labels[4] + (" (one-shot store.append: a handle holds a connection)" if one_shot else "")
-        return Case(ids[4], "sessions", label, op,
-                    meta={"backend": name, "batch": 1, "sessions": ROUND_ROBIN_SESSIONS,
-                          "mode": "one-shot" if one_shot else "handle"})
+        return Case(ids[4], "sessions", labels[4], op,
+                    meta={"backend": name, "batch": 1, "sessions": ROUND_ROBIN_SESSIONS, "mode": "handle"})
 
     build(ids[4], labels[4], make_round_robin)
+
+    if hasattr(store, "append_group"):
+        group_id = append_id(name, f"group-{ROUND_ROBIN_SESSIONS}")
+        group_label = f"{name}: {ROUND_ROBIN_SESSIONS} sessions x 1 event, one store.append_group per commit"
+
+        def make_group() -> Case:
+            # The same work as the round-robin case (100 owned sessions, one event each),
+            # committed as one transaction: group commit across sessions.
+            handles = []
+            for i in range(ROUND_ROBIN_SESSIONS):
+                sid = backend.sid(f"grp-{i:03d}")
+                store.create(sid)
+                handle = store.session(sid)
+                stack.callback(handle.close)
+                handles.append(handle)
+            batches = _batches(events, 1, count=ROUND_ROBIN_SESSIONS)
+            items = list(zip(handles, batches))
+
+            def op() -> Work:
+                store.append_group(items)
+                return ROUND_ROBIN_SESSIONS, int(ROUND_ROBIN_SESSIONS * record_bytes)
+
+            return Case(group_id, "sessions", group_label, op,
+                        meta={"backend": name, "batch": 1, "sessions": ROUND_ROBIN_SESSIONS, "mode": "group"})
+
+        build(group_id, group_label, make_group)
     return cases, results
 
 

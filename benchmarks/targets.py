@@ -53,14 +53,19 @@ def all_targets(backends: list[str]) -> list[Target]:
             Target("sqlite-commit-1", "sqlite backend batch 1 / stdlib sqlite3 read tail+insert+commit",
                    "append/sqlite/batch-1", "peer/sqlite3/tail-commit-1", 0.8),
             Target("sqlite-executemany-1024", "sqlite backend batch 1024 / stdlib sqlite3 executemany 1024",
-                   "append/sqlite/batch-1024", "peer/sqlite3/executemany-1024", 0.8),
+                   "append/sqlite/batch-1024", "peer/sqlite3/executemany-1024", 0.85),
             Target("sqlite-write-behind-64", "sqlite write-behind, 64 producers / durable batch 1",
                    "write-behind/sqlite/producers-64", "append/sqlite/batch-1", 10.0),
+            Target("sqlite-group-100", "sqlite 100 sessions x 1 event: one append_group / a commit per session",
+                   "append/sqlite/group-100", "append/sqlite/sessions-100", 5.0),
         ]
     if "postgresql" in backends:
         out += [
             Target("postgresql-append-1", "postgresql batch 1 / stdlib sqlite3 read tail+insert+commit",
                    "append/postgresql/batch-1", "peer/sqlite3/tail-commit-1", None),
+            Target("postgresql-group-100",
+                   "postgresql 100 sessions x 1 event: one append_group / a commit per session",
+                   "append/postgresql/group-100", "append/postgresql/sessions-100", 5.0),
         ]
     if "jsonl" in backends:
         out.append(Target("jsonl-scan", "jsonl store.scan / msgspec decoding the same lines alone",

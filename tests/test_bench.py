@@ -52,6 +52,8 @@ def _check_document(doc: dict[str, Any]) -> None:
         else:
             _positive(results[f"append/{name}/batch-1"])
             _positive(results[f"scan/{name}"])
+            if name in ("sqlite", "postgresql"):  # group commit across sessions
+                _positive(results[f"append/{name}/group-100"])
     if doc["backends"].get("zstd", {}).get("status") == "measured":
         for per in (1, 8, 64, 1024):
             _positive(results[f"compression/zstd/frame-{per}"])
