@@ -103,6 +103,7 @@ from sessionlog.contract import (
     synthetic_lines,
 )
 from sessionlog.durable import parse_quarantine_name, quarantine_name
+from sessionlog.extras import require
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
@@ -437,6 +438,7 @@ class SqlStore:
                 synchronous=synchronous, engine_options=options, read_only=read_only,
             )
         elif backend == "postgresql" and driver in ("psycopg", "psycopg2", ""):
+            require("psycopg", extra="postgres", purpose=f"a PostgreSQL store ({self.display_url})")
             if driver != "psycopg":
                 sa_url = sa_url.set(drivername="postgresql+psycopg")
             namespace = sa_url.query.get("schema")

@@ -37,6 +37,7 @@ from .contract import (
     UnsupportedFormat,
 )
 from .delivery import pending_deliveries
+from .extras import MissingExtra
 from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
 from .projection import check_pairing, project
 from .recovery import StepScope, dispatch_tools
@@ -73,7 +74,8 @@ def open_store(url: str, **options: Any) -> EventStore:
     ``postgresql+psycopg://...`` or ``memory:``.
 
     Options are the backend's (``limits``, ``lock_timeout``, ...). Raises
-    :class:`InvalidStoreUrl` for an unknown scheme.
+    :class:`InvalidStoreUrl` for an unknown scheme, :class:`MissingExtra` when the
+    backend's driver is not installed (PostgreSQL: ``pip install 'sessionlog[postgres]'``).
     """
     scheme = scheme_of(url)
     target = _BACKENDS.get(scheme)
@@ -102,6 +104,7 @@ __all__ = [
     "InvalidSessionId",
     "InvalidStoreUrl",
     "Limits",
+    "MissingExtra",
     "Record",
     "RepairReport",
     "ScanResult",

@@ -809,6 +809,7 @@ def test_scan_of_a_read_only_postgres_role_works(pg_schema_url: str) -> None:
 
 @pytest.mark.parametrize("read_only", [False, True])
 def test_unreachable_postgres_is_io_failure_without_the_password(read_only: bool) -> None:
+    pytest.importorskip("psycopg", reason="the postgres extra is not installed")
     url = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/test"
     with pytest.raises(sessionlog.IOFailure) as info:
         SqlStore(url, read_only=read_only)
