@@ -13,16 +13,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .events import Record
+from .events import Record, SessionLogError
 
 # --- errors ----------------------------------------------------------------------------
-
-
-class SessionLogError(Exception):
-    """Base of every error the engine raises.
-
-    An error caused by one batch of a group commit (``append_group`` on the SQL stores)
-    carries ``group_index``, the batch's position in the group."""
 
 
 class InvalidSessionId(SessionLogError, ValueError):

@@ -25,10 +25,13 @@ TURN_END: Final = "turn/end"
 STEP_START: Final = "step/start"
 STEP_END: Final = "step/end"
 USER_MESSAGE: Final = "user/message"
+SYSTEM_MESSAGE: Final = "system/message"
 ASSISTANT_MESSAGE: Final = "assistant/message"
 TOOL_CALL: Final = "tool/call"
 TOOL_RESULT: Final = "tool/result"
 LOG_TRUNCATED: Final = "log/truncated"
+TOOL_APPROVAL: Final = "tool/approval"
+"""A human's decision on a call: ``state`` ``requested``, ``approved`` or ``rejected``."""
 
 END_STATUSES: Final = frozenset({"completed", "error", "aborted", "interrupted"})
 
@@ -37,6 +40,8 @@ TOOL_OUTCOME_UNKNOWN: Final = "TOOL_OUTCOME_UNKNOWN"
 """A durable tool/call exists but no result: the tool may have run."""
 TOOL_NOT_STARTED: Final = "TOOL_NOT_STARTED"
 """The assistant asked for the call but no tool/call exists: the body did not run."""
+TOOL_AWAITING_APPROVAL: Final = "TOOL_AWAITING_APPROVAL"
+"""View-only: the call awaits a human's approval. Never written to a log."""
 
 MAX_DEPTH: Final = 128
 """Deepest JSON nesting a record may have (the record object itself is depth 1)."""
@@ -51,6 +56,15 @@ def valid_session_id(session: object) -> bool:
         and SESSION_ID.fullmatch(session) is not None
         and ".." not in session
     )
+
+
+class SessionLogError(Exception):
+    """Base of every error the engine raises (defined here, beside the vocabulary, so the
+    pure modules can raise it; importable from :mod:`sessionlog.contract` and
+    :mod:`sessionlog`).
+
+    An error caused by one batch of a group commit (``append_group`` on the SQL stores)
+    carries ``group_index``, the batch's position in the group."""
 
 
 class RecordError(ValueError):
@@ -263,6 +277,11 @@ class Record(Mapping[str, Any]):
         if self._fields is None and self._members is not None:
             return _value_decoder.decode(self._members[key])
         return self._decoded()[key]
+
+    def raw_member(self, key: str) -> msgspec.Raw | None:
+        """The member ``key`` as its JSON text, undecoded (None when the record has no such
+        member or was not read with its members split, as the scanner reads records)."""
+        return self._members.get(key) if self._members is not None else None
 
     def __contains__(self, key: object) -> bool:
         if self._fields is None and self._members is not None:

@@ -1,15 +1,18 @@
 """Pending-call tracking and transcript repair: pure functions over events, no I/O.
 
-One :class:`PendingCalls` tracker, fed records in order, knows what is open: the turn,
-the step, and for the open step the assistant's calls in order, which have a durable
-``tool/call`` and which have a result. Crash repair (:func:`crash_plan`) and live step
-recovery (:func:`recovery_results`) both build their synthetic results from it.
+One :class:`PendingCalls` tracker, fed records in order, knows everything a session
+leaves open: every call without a result wherever it is (and which have a durable
+``tool/call``, which await a human's approval), every turn and step not closed. Scan
+(status, unanswered calls), crash repair (:func:`crash_plan`), live step recovery
+(:func:`recovery_results`, :func:`closers`) and the call/result pairing behind the
+provider views and delivery (:func:`pair_calls`) all read it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .events import (
@@ -17,6 +20,9 @@ from .events import (
     LOG_TRUNCATED,
     STEP_END,
     STEP_START,
+    SYSTEM_MESSAGE,
+    TOOL_APPROVAL,
+    TOOL_AWAITING_APPROVAL,
     TOOL_CALL,
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
@@ -29,104 +35,244 @@ from .events import (
 )
 
 _TRACKED = frozenset(
-    {TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT}
+    {TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT, TOOL_APPROVAL}
 )
+_APPROVAL_STATES = frozenset({"requested", "approved", "rejected"})
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for a turn or step value (JSON lists and objects are not)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    return repr(value)
 
 
 @dataclass(slots=True)
 class PendingCall:
-    """A call the open step's assistant message asked for."""
+    """A call an ``assistant/message`` asked for (``assistant_seq``: that message's seq),
+    in its ``turn`` and ``step``."""
 
     call_id: str
     name: str
+    turn: Any = None
+    step: Any = None
+    assistant_seq: int = 0
     call_seq: int | None = None  # seq of its durable tool/call, if any
     answered: bool = False
+    approval: str | None = None  # state of its latest tool/approval, if any
+    approval_seq: int | None = None
+    turn_raw: Any = None  # the message's turn member as written, when read from a log
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """True while its latest ``tool/approval`` is ``requested``: a human is deciding."""
+        return self.approval == "requested"
+
+    @property
+    def step_key(self) -> tuple[Any, Any]:
+        return (_key(self.turn), _key(self.step))
 
 
-@dataclass(slots=True)
 class PendingCalls:
-    """Incremental tracker of what a session leaves open. Feed it every record in order."""
+    """Incremental tracker of what a session leaves open. Feed it every record in order.
 
-    open_turn: str | None = None
-    open_step: int | None = None
-    step_turn: str | None = None
-    calls: list[PendingCall] = field(default_factory=list)
-    last_seq: int = 0
-    last_ts: float = 0.0
-    _by_id: dict[str, PendingCall] = field(default_factory=dict)
+    It knows every call any ``assistant/message`` asked for that has no result yet,
+    wherever it is (an earlier step, an earlier turn, a message before another one in the
+    same step), every turn opened and not ended, and every step opened (``step/start``,
+    or an ``assistant/message`` of a step not open) and ended neither by its ``step/end``
+    nor by its turn's ``turn/end``.
 
-    def feed(self, record: Mapping[str, Any]) -> None:
+    A ``tool/call``, ``tool/result`` or ``tool/approval`` names its call by ``call_id``:
+    it applies to the call without a result that has that id; when the record carries a
+    ``turn``, only a call of that turn. Among several such calls, the one whose assistant
+    message's seq the record names (``assistant_seq``, written on synthetic results when
+    the id alone is ambiguous), else one of the record's step, else the latest.
+
+    ``open_turn``, ``open_step`` and ``step_turn`` seed an open turn and step (a live
+    step scope that did not see them committed)."""
+
+    __slots__ = ("last_seq", "last_ts", "_turns", "_steps", "_calls", "_by_id")
+
+    def __init__(self, open_turn: str | None = None, open_step: int | None = None,
+                 step_turn: str | None = None) -> None:
+        self.last_seq = 0
+        self.last_ts = 0.0
+        self._turns: dict[Any, Any] = {}  # key -> turn value, in opening order
+        self._steps: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # key -> (turn, step), in opening order
+        self._calls: dict[tuple[int, str], PendingCall] = {}  # unanswered, in log order
+        self._by_id: dict[str, list[PendingCall]] = {}  # call id -> its unanswered calls, in log order
+        if open_turn is not None:
+            self._turns[_key(open_turn)] = open_turn
+        if open_step is not None:
+            turn = step_turn if step_turn is not None else open_turn
+            self._steps[(_key(turn), _key(open_step))] = (turn, open_step)
+
+    # -- what is open ------------------------------------------------------------------
+
+    @property
+    def open_turn(self) -> Any:
+        """The latest turn still open (None when none is)."""
+        return next(reversed(self._turns.values())) if self._turns else None
+
+    @property
+    def open_step(self) -> Any:
+        """The step number of the latest step still open (None when none is)."""
+        return next(reversed(self._steps.values()))[1] if self._steps else None
+
+    @property
+    def step_turn(self) -> Any:
+        """The turn of the latest step still open."""
+        return next(reversed(self._steps.values()))[0] if self._steps else None
+
+    def open_turns(self) -> list[Any]:
+        """Every turn still open, in the order they were opened."""
+        return list(self._turns.values())
+
+    def open_steps(self) -> list[tuple[Any, Any]]:
+        """Every step still open as ``(turn, step)``, in the order they were opened."""
+        return list(self._steps.values())
+
+    def unanswered(self) -> list[PendingCall]:
+        """Every call without a result, in log order (message by message, in each
+        message's call order)."""
+        return list(self._calls.values())
+
+    def awaiting(self) -> list[PendingCall]:
+        """The calls without a result whose latest ``tool/approval`` is ``requested``."""
+        return [c for c in self._calls.values() if c.approval == "requested"]
+
+    def held(self) -> tuple[set[tuple[Any, Any]], set[Any]]:
+        """The steps and turns held open by calls awaiting approval (keys)."""
+        steps = {c.step_key for c in self._calls.values() if c.approval == "requested"}
+        return steps, {turn for turn, _ in steps}
+
+    @property
+    def is_open(self) -> bool:
+        """True when a turn, a step or a call is left open."""
+        return bool(self._turns or self._steps or self._calls)
+
+    @property
+    def suspended(self) -> bool:
+        """True when what is open is only calls awaiting approval and the steps and
+        turns that hold them: a human is deciding, nothing crashed."""
+        if not self._calls:
+            return False
+        if any(c.approval != "requested" for c in self._calls.values()):
+            return False
+        steps, turns = self.held()
+        return all(k in steps for k in self._steps) and all(k in turns for k in self._turns)
+
+    # -- feeding ------------------------------------------------------------------------
+
+    def feed(self, record: Mapping[str, Any]) -> PendingCall | None:
         """Account for one committed record (a :class:`~sessionlog.events.Record` or a dict).
 
-        Only the members the transcript needs are decoded (a Record decodes a member on
-        lookup): a tool result's output is never materialized."""
+        Returns the call a ``tool/result`` answered (None for anything else, and for a
+        result that answers no call still owed one). Only the members the transcript
+        needs are decoded (a Record decodes a member on lookup): a tool result's output
+        is never materialized."""
         if type(record) is Record:
             type_, seq, ts = record.type, record.seq, record.ts  # type: ignore[attr-defined]
         else:
             type_, seq, ts = record["type"], record["seq"], record["ts"]
         self.last_seq = seq
         self.last_ts = ts
-        if type_ == TOOL_RESULT:
+        if type_ == TOOL_RESULT or type_ == TOOL_CALL:
             if not self._by_id:
-                return  # no open call to answer: leave the record undecoded
-            call_id = record.get("call_id")
-            call = self._by_id.get(call_id) if isinstance(call_id, str) else None
-            if call is not None:
-                call.answered = True
-        elif type_ == TOOL_CALL:
-            if not self._by_id:
-                return
-            call_id = record.get("call_id")
-            call = self._by_id.get(call_id) if isinstance(call_id, str) else None
-            if call is not None and call.call_seq is None:
-                call.call_seq = seq
-        elif type_ not in _TRACKED:
-            return
-        elif type_ in (TURN_START, TURN_END):
-            self.open_turn = record.get("turn") if type_ == TURN_START else None
-            self.open_step = None
-            self._reset_calls()
-        elif type_ == ASSISTANT_MESSAGE:
-            turn = record.get("turn")
-            self.step_turn = turn if turn is not None else self.open_turn
+                return None  # no call is owed a result: leave the record undecoded
+            call = self._match(record)
+            if call is None:
+                return None
+            if type_ == TOOL_CALL:
+                if call.call_seq is None:
+                    call.call_seq = seq
+                return None
+            call.answered = True
+            del self._calls[(call.assistant_seq, call.call_id)]
+            same = self._by_id[call.call_id]
+            if len(same) == 1:
+                del self._by_id[call.call_id]
+            else:
+                same.remove(call)
+            return call
+        if type_ not in _TRACKED:
+            return None
+        if type_ == ASSISTANT_MESSAGE:
+            turn_raw = record.raw_member("turn") if type(record) is Record else None
+            turn = self._turn_of(record)
             step = record.get("step")
-            if self.open_step is None and isinstance(step, int):
-                self.open_step = step
-            self._reset_calls()
+            key = (_key(turn), _key(step))
+            if key not in self._steps and type(step) is int:
+                self._steps[key] = (turn, step)
             for req in requested_calls(record.get("tool_calls")):
-                if req.id not in self._by_id:
-                    call = PendingCall(req.id, req.name)
-                    self.calls.append(call)
-                    self._by_id[req.id] = call
+                if (seq, req.id) in self._calls:
+                    continue  # repeated within one message: one call
+                call = PendingCall(req.id, req.name, turn, step, seq, turn_raw=turn_raw)
+                self._calls[(seq, req.id)] = call
+                self._by_id.setdefault(req.id, []).append(call)
         elif type_ == STEP_START:
-            self.open_step = record.get("step")
-            turn = record.get("turn")
-            self.step_turn = turn if turn is not None else self.open_turn
-            self._reset_calls()
+            turn = self._turn_of(record)
+            step = record.get("step")
+            self._steps[(_key(turn), _key(step))] = (turn, step)
         elif type_ == STEP_END:
-            self.open_step = None
-            self._reset_calls()
+            self._steps.pop((_key(self._turn_of(record)), _key(record.get("step"))), None)
+        elif type_ == TURN_START:
+            turn = record.get("turn")
+            self._turns.pop(_key(turn), None)  # a turn started again is the latest
+            self._turns[_key(turn)] = turn
+        elif type_ == TURN_END:
+            key = _key(self._turn_of(record))
+            self._turns.pop(key, None)
+            # A turn's end ends every step of it.
+            for step_key in [k for k in self._steps if k[0] == key]:
+                del self._steps[step_key]
+        elif type_ == TOOL_APPROVAL:
+            state = record.get("state")
+            if self._by_id and state in _APPROVAL_STATES:
+                call = self._match(record)
+                if call is not None:
+                    call.approval, call.approval_seq = state, seq
+        return None
 
     def feed_all(self, records: Iterable[Mapping[str, Any]]) -> PendingCalls:
         for record in records:
             self.feed(record)
         return self
 
-    def _reset_calls(self) -> None:
-        # Calls of a closed step are history: repair leaves them as they are.
-        if self.calls:
-            self.calls = []
-            self._by_id = {}
+    def _turn_of(self, record: Mapping[str, Any]) -> Any:
+        turn = record.get("turn")
+        return turn if turn is not None else self.open_turn
 
-    def unanswered(self) -> list[PendingCall]:
-        """The open step's calls without a result, in the assistant's order."""
-        return [c for c in self.calls if not c.answered]
-
-    @property
-    def is_open(self) -> bool:
-        return self.open_turn is not None or self.open_step is not None or any(
-            not c.answered for c in self.calls
-        )
+    def _match(self, record: Mapping[str, Any]) -> PendingCall | None:
+        call_id = record.get("call_id")
+        calls = self._by_id.get(call_id) if type(call_id) is str else None
+        if not calls:
+            return None
+        if len(calls) == 1:  # the common case: one call owed a result under this id
+            call = calls[0]
+            if call.turn is None:
+                return call
+            if call.turn_raw is not None and type(record) is Record:
+                raw = record.raw_member("turn")
+                if raw is None or raw == call.turn_raw:  # the same turn, as written: no decoding
+                    return call
+            turn = record.get("turn")
+            if turn is None or turn == call.turn or _key(turn) == _key(call.turn):
+                return call
+            return None
+        turn = record.get("turn")
+        if turn is not None:
+            key = _key(turn)
+            calls = [c for c in calls if c.turn is None or _key(c.turn) == key]
+            if len(calls) <= 1:
+                return calls[0] if calls else None
+        named = record.get("assistant_seq")
+        for call in calls:
+            if call.assistant_seq == named:
+                return call
+        step = _key(record.get("step"))
+        in_step = [c for c in calls if _key(c.step) == step]
+        return (in_step or calls)[-1]
 
 
 def unknown_outcome_text(name: str, call_id: str, call_seq: int) -> str:
@@ -147,13 +293,43 @@ def not_started_text(name: str, call_id: str) -> str:
     )
 
 
-def synthetic_result(call: PendingCall, *, turn: Any, step: Any, ts: float) -> dict[str, Any]:
-    """The synthetic ``tool/result`` for an unanswered call (no ``seq``: the store assigns it)."""
+def approval_expired_text(name: str, call_id: str) -> str:
+    return (
+        f"{TOOL_NOT_STARTED}: the call to tool {name!r} (id {call_id}) needed a human's approval; "
+        "approval was requested and never given, so the tool never ran and had no effect. "
+        "Ask again if it is still needed."
+    )
+
+
+def rejected_text(name: str, call_id: str) -> str:
+    return (
+        f"{TOOL_NOT_STARTED}: the call to tool {name!r} (id {call_id}) was rejected by a human "
+        "and never ran, so it had no effect. Do not call it again without asking."
+    )
+
+
+def awaiting_approval_text(name: str, call_id: str) -> str:
+    return (
+        f"{TOOL_AWAITING_APPROVAL}: the call to tool {name!r} (id {call_id}) is waiting for a "
+        "human's approval; it has not run."
+    )
+
+
+def synthetic_result(
+    call: PendingCall, *, turn: Any = None, step: Any = None, ts: float, ambiguous: bool = False
+) -> dict[str, Any]:
+    """The synthetic ``tool/result`` for an unanswered call (no ``seq``: the store assigns
+    it), in the call's own turn and step (``turn``/``step`` when the call has none).
+
+    ``TOOL_OUTCOME_UNKNOWN`` with ``call_seq`` when a durable ``tool/call`` exists, else
+    ``TOOL_NOT_STARTED`` (its text says so when the call's approval was requested and
+    never given, or rejected). ``ambiguous``: another call without a result has the same
+    id, so the result names its assistant message (``assistant_seq``)."""
     result: dict[str, Any] = {
         "type": TOOL_RESULT,
         "ts": ts,
-        "turn": turn,
-        "step": step,
+        "turn": call.turn if call.turn is not None else turn,
+        "step": call.step if call.step is not None else step,
         "call_id": call.call_id,
         "name": call.name,
     }
@@ -163,43 +339,78 @@ def synthetic_result(call: PendingCall, *, turn: Any, step: Any, ts: float) -> d
         result["code"] = TOOL_OUTCOME_UNKNOWN
         result["call_seq"] = call.call_seq
     else:
-        result["output"] = not_started_text(call.name, call.call_id)
+        if call.approval == "requested":
+            result["output"] = approval_expired_text(call.name, call.call_id)
+        elif call.approval == "rejected":
+            result["output"] = rejected_text(call.name, call.call_id)
+        else:
+            result["output"] = not_started_text(call.name, call.call_id)
         result["is_error"] = True
         result["code"] = TOOL_NOT_STARTED
+    if ambiguous:
+        result["assistant_seq"] = call.assistant_seq
     result["synthetic"] = True
     return result
 
 
-def recovery_results(tracker: PendingCalls, *, ts: float | None = None) -> list[dict[str, Any]]:
-    """Synthetic results for the open step's unanswered calls, in the assistant's order."""
+def awaiting_result(call: PendingCall, *, ts: float) -> dict[str, Any]:
+    """The view-only result of a call awaiting approval (code ``TOOL_AWAITING_APPROVAL``).
+    Never written: views pair it with the call while a human decides."""
+    return {
+        "type": TOOL_RESULT, "ts": ts, "turn": call.turn, "step": call.step, "call_id": call.call_id,
+        "name": call.name, "output": awaiting_approval_text(call.name, call.call_id), "is_error": True,
+        "code": TOOL_AWAITING_APPROVAL, "synthetic": True,
+    }
+
+
+def recovery_results(
+    tracker: PendingCalls, *, ts: float | None = None, expire_approvals: bool = False
+) -> list[dict[str, Any]]:
+    """Synthetic results for every call without one, in log order. A call awaiting
+    approval is left alone unless ``expire_approvals``."""
     when = tracker.last_ts if ts is None else ts
     turn = tracker.step_turn if tracker.step_turn is not None else tracker.open_turn
+    calls = tracker.unanswered()
+    ids = Counter(c.call_id for c in calls)
     return [
-        synthetic_result(c, turn=turn, step=tracker.open_step, ts=when) for c in tracker.unanswered()
+        synthetic_result(c, turn=turn, step=tracker.open_step, ts=when, ambiguous=ids[c.call_id] > 1)
+        for c in calls
+        if expire_approvals or c.approval != "requested"
     ]
 
 
-def closers(tracker: PendingCalls, status: str, *, ts: float | None = None) -> list[dict[str, Any]]:
-    """``step/end`` and ``turn/end`` with ``status`` for whatever the tracker has open."""
+def closers(
+    tracker: PendingCalls, status: str, *, ts: float | None = None, expire_approvals: bool = False
+) -> list[dict[str, Any]]:
+    """``step/end`` for every open step (latest first), then ``turn/end`` for every open
+    turn (latest first), with ``status``. A step or turn holding a call that awaits
+    approval stays open unless ``expire_approvals``."""
     when = tracker.last_ts if ts is None else ts
+    held_steps, held_turns = (set(), set()) if expire_approvals else tracker.held()
     out: list[dict[str, Any]] = []
-    if tracker.open_step is not None:
-        turn = tracker.step_turn if tracker.step_turn is not None else tracker.open_turn
-        out.append(
-            {"type": STEP_END, "ts": when, "turn": turn, "step": tracker.open_step,
-             "status": status, "synthetic": True}
-        )
-    if tracker.open_turn is not None:
-        out.append({"type": TURN_END, "ts": when, "turn": tracker.open_turn, "status": status,
-                    "synthetic": True})
+    for turn, step in reversed(tracker.open_steps()):
+        if (_key(turn), _key(step)) not in held_steps:
+            out.append({"type": STEP_END, "ts": when, "turn": turn, "step": step, "status": status,
+                        "synthetic": True})
+    for turn in reversed(tracker.open_turns()):
+        if _key(turn) not in held_turns:
+            out.append({"type": TURN_END, "ts": when, "turn": turn, "status": status, "synthetic": True})
     return out
 
 
-def crash_plan(tracker: PendingCalls) -> list[dict[str, Any]]:
-    """What crash repair appends to close the open tail: a synthetic result for every
-    unanswered call (in call order), then ``step/end`` and ``turn/end`` with status
-    ``interrupted``. Reuses the ``ts`` of the last real record. Empty when nothing is open."""
-    return recovery_results(tracker) + closers(tracker, "interrupted")
+def crash_plan(tracker: PendingCalls, *, expire_approvals: bool = False) -> list[dict[str, Any]]:
+    """What crash repair appends to close everything the log leaves open: a synthetic
+    result for every call without one (in log order, wherever the call is: the answers
+    go at the end, the views place them with their calls), then ``step/end`` and
+    ``turn/end`` with status ``interrupted`` for every step and turn left open. Reuses the
+    ``ts`` of the last real record. Empty when nothing is open.
+
+    A call awaiting approval, and the step and turn that hold it, are left alone (the
+    session is suspended, not crashed) unless ``expire_approvals``: then it is answered
+    ``TOOL_NOT_STARTED`` (approval requested and never given) and closed like the rest."""
+    return recovery_results(tracker, expire_approvals=expire_approvals) + closers(
+        tracker, "interrupted", expire_approvals=expire_approvals
+    )
 
 
 def truncation_marker(
@@ -229,20 +440,19 @@ def truncation_marker(
 
 # --- pairing: every requested call with the one result a view shows --------------------
 # Projection (provider views) and delivery tracking both pair calls with results through
-# the one tracker above: a result answers a call of the open step when the tracker knows
-# the call; the first result wins; whatever a step leaves unanswered when the tracker
-# resets it gets a view-time result with the same code crash repair would write.
-
-_RESETS = frozenset({TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_MESSAGE})
+# the one tracker above: a result answers the call the tracker says it answers, the first
+# result wins, and whatever is still unanswered at the end of the records gets a view-time
+# result with the code crash repair would write (or, awaiting approval, a view-only one).
 
 
 @dataclass(slots=True)
 class PairedCall:
     """One call an ``assistant/message`` asked for, and the result a view pairs with it.
 
-    ``result`` is the first logged ``tool/result`` for the call (``result_seq`` its seq),
+    ``result`` is the logged ``tool/result`` that answered it (``result_seq`` its seq),
     or, when the log has none, a view-time synthetic result (``result_seq`` None) built
-    by :func:`synthetic_result` — the log itself is never rewritten."""
+    by :func:`synthetic_result` or :func:`awaiting_result` — the log itself is never
+    rewritten."""
 
     call_id: str
     name: str
@@ -254,6 +464,11 @@ class PairedCall:
     def view_time(self) -> bool:
         """True when the result is not in the log (the view made it up, with its code)."""
         return self.result is not None and self.result_seq is None
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """True when the view-time result says the call awaits a human's approval."""
+        return self.view_time and self.result is not None and self.result.get("code") == TOOL_AWAITING_APPROVAL
 
 
 @dataclass(slots=True)
@@ -279,12 +494,21 @@ class UserEntry:
 
 
 @dataclass(slots=True)
+class SystemEntry:
+    """One ``system/message``: the instructions in force from here on."""
+
+    seq: int
+    turn: Any
+    content: Any
+
+
+@dataclass(slots=True)
 class Pairing:
     """A session's conversation in log order, every requested call paired with exactly one
     result. ``issues`` names what the pairing left out or made up (orphan and duplicate
     results, duplicate call ids, view-time results), one sentence each."""
 
-    entries: list[UserEntry | Exchange]
+    entries: list[UserEntry | SystemEntry | Exchange]
     issues: list[str]
     orphan_seqs: list[int]
     duplicate_seqs: list[int]
@@ -312,86 +536,82 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
     """Pair every call of every ``assistant/message`` in ``records`` with one result.
 
     Pure and total: any sequence of records (committed :class:`Record` objects or dicts
-    with ``seq``, ``ts`` and ``type``) gives a pairing. A result matches the open step's
-    call with its id (the tracker's rule); a result logged after its step closed matches
-    the latest call with that id and replaces that call's view-time result. The first
-    result of a call is used; later ones are duplicates, results for no requested call are
-    orphans: both are left out and reported. A call repeated within one message is kept
-    once. Calls left without a result get a view-time :func:`synthetic_result`
-    (``TOOL_OUTCOME_UNKNOWN`` when a ``tool/call`` for it exists in its step, else
-    ``TOOL_NOT_STARTED``)."""
+    with ``seq``, ``ts`` and ``type``) gives a pairing. A result answers the call the
+    :class:`PendingCalls` tracker says it answers (wherever that call is: a result written
+    at the end of the log by repair pairs with a call of an earlier turn). A result for a
+    call already answered is a duplicate, one for no requested call an orphan: both are
+    left out and reported. A call repeated within one message is kept once. Calls left
+    without a result get a view-time :func:`synthetic_result` (``TOOL_OUTCOME_UNKNOWN``
+    when a ``tool/call`` for it exists, else ``TOOL_NOT_STARTED``), or, while a human
+    decides on them, :func:`awaiting_result`."""
     tracker = PendingCalls()
-    entries: list[UserEntry | Exchange] = []
+    entries: list[UserEntry | SystemEntry | Exchange] = []
     issues: list[str] = []
     orphans: list[int] = []
     duplicates: list[int] = []
-    open_ex: Exchange | None = None
-    open_by_id: dict[str, PairedCall] = {}
+    paired: dict[tuple[int, str], PairedCall] = {}  # (assistant seq, call id) -> its pairing
     latest_by_id: dict[str, PairedCall] = {}
-
-    def settle(closing: bool) -> None:
-        # Give the open step's unanswered calls their view-time results.
-        assert open_ex is not None
-        for call in tracker.unanswered():
-            paired = open_by_id[call.call_id]
-            paired.result = synthetic_result(
-                call, turn=open_ex.turn, step=open_ex.step, ts=tracker.last_ts
-            )
-            where = "its step was closed without it" if closing else "the log ends with its step open"
-            issues.append(
-                f"call {call.call_id!r} (assistant message seq {open_ex.seq}) has no result: "
-                f"{where}; the view shows a {paired.result['code']} result (the log is not rewritten)"
-            )
-        open_ex.open = not closing
+    exchanges: dict[int, Exchange] = {}
 
     for record in records:
         type_, seq, _ = _envelope(record)
-        if open_ex is not None and type_ in _RESETS:
-            settle(closing=True)
-            open_ex, open_by_id = None, {}
         if type_ == TOOL_RESULT:
+            call = tracker.feed(record)
             call_id = record.get("call_id")
-            pending = tracker._by_id.get(call_id) if isinstance(call_id, str) else None
-            if pending is not None:
-                if pending.answered:
-                    duplicates.append(seq)
-                    first = open_by_id[call_id].result_seq
-                    issues.append(f"duplicate result seq {seq} for call {call_id!r} (first at seq {first}) left out")
-                else:
-                    paired = open_by_id[call_id]
-                    paired.result, paired.result_seq = record, seq
+            if call is not None:
+                pair = paired[(call.assistant_seq, call.call_id)]
+                pair.result, pair.result_seq = record, seq
+                if call.step_key not in tracker._steps:
+                    issues.append(f"late result seq {seq} for call {call.call_id!r}, logged after its step "
+                                  "closed, paired with its call")
+                continue
+            earlier = latest_by_id.get(call_id) if isinstance(call_id, str) else None
+            if earlier is None:
+                orphans.append(seq)
+                issues.append(f"orphan result seq {seq} (call_id {call_id!r}): no assistant message "
+                              "before it asked for that call; left out")
             else:
-                paired = latest_by_id.get(call_id) if isinstance(call_id, str) else None
-                if paired is None:
-                    orphans.append(seq)
-                    issues.append(f"orphan result seq {seq} (call_id {call_id!r}): no assistant message "
-                                  "before it asked for that call; left out")
-                elif paired.view_time:
-                    issues.append(f"late result seq {seq} for call {call_id!r}, logged after its step closed, "
-                                  "used instead of the view-time result")
-                    paired.result, paired.result_seq = record, seq
-                else:
-                    duplicates.append(seq)
-                    issues.append(f"duplicate result seq {seq} for call {call_id!r} "
-                                  f"(first at seq {paired.result_seq}) left out")
+                duplicates.append(seq)
+                issues.append(f"duplicate result seq {seq} for call {call_id!r} "
+                              f"(first at seq {earlier.result_seq}) left out")
+            continue
         tracker.feed(record)
         if type_ == USER_MESSAGE:
             entries.append(UserEntry(seq, record.get("turn"), record.get("content")))
+        elif type_ == SYSTEM_MESSAGE:
+            entries.append(SystemEntry(seq, record.get("turn"), record.get("content")))
         elif type_ == ASSISTANT_MESSAGE:
             calls: list[PairedCall] = []
             for req in requested_calls(record.get("tool_calls")):
-                if req.id in open_by_id:
+                if (seq, req.id) in paired:
                     issues.append(f"assistant message seq {seq} asks for call id {req.id!r} twice; "
                                   "the repeat is left out")
                     continue
-                paired = PairedCall(req.id, req.name, req.arguments)
-                open_by_id[req.id] = paired
-                latest_by_id[req.id] = paired
-                calls.append(paired)
+                pair = PairedCall(req.id, req.name, req.arguments)
+                paired[(seq, req.id)] = pair
+                latest_by_id[req.id] = pair
+                calls.append(pair)
             turn = record.get("turn")
             turn = turn if turn is not None else tracker.open_turn
-            open_ex = Exchange(seq, turn, record.get("step"), record.get("content"), calls)
-            entries.append(open_ex)
-    if open_ex is not None:
-        settle(closing=False)
+            exchange = Exchange(seq, turn, record.get("step"), record.get("content"), calls)
+            exchanges[seq] = exchange
+            entries.append(exchange)
+    # What is still unanswered gets its view-time result.
+    ambiguous = Counter(c.call_id for c in tracker.unanswered())
+    for call in tracker.unanswered():
+        pair = paired[(call.assistant_seq, call.call_id)]
+        step_open = call.step_key in tracker._steps
+        if call.approval == "requested":
+            pair.result = awaiting_result(call, ts=tracker.last_ts)
+            issues.append(f"call {call.call_id!r} (assistant message seq {call.assistant_seq}) awaits "
+                          f"approval; the view shows a {TOOL_AWAITING_APPROVAL} result (never written)")
+            continue
+        pair.result = synthetic_result(call, ts=tracker.last_ts, ambiguous=ambiguous[call.call_id] > 1)
+        where = "the log ends with its step open" if step_open else "its step was closed without it"
+        issues.append(
+            f"call {call.call_id!r} (assistant message seq {call.assistant_seq}) has no result: "
+            f"{where}; the view shows a {pair.result['code']} result (the log is not rewritten)"
+        )
+    for exchange in exchanges.values():
+        exchange.open = (_key(exchange.turn), _key(exchange.step)) in tracker._steps
     return Pairing(entries, issues, orphans, duplicates)

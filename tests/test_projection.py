@@ -226,3 +226,145 @@ def test_view_of_damaged_session_every_call_once(tmp_path: Path) -> None:
             assert check_pairing(view.items, fmt) is None
             assert view.issues == []  # repair's own results are in the view, nothing made up
             assert_paired(view.items, fmt, records)
+
+
+# --- every log that scans clean projects to a view its checker accepts --------------------
+
+
+def _repaired_store(events: list[dict[str, Any]], store: Any = None) -> list[Any]:
+    """``events`` in a memory store, repaired the way `sessionlog repair` does it."""
+    store = store or sessionlog.open_store("memory:")
+    store.create("s1", events)
+    store.repair("s1")
+    assert store.scan("s1").status == "clean"
+    return list(store.read("s1"))
+
+
+def test_a_call_id_reused_in_a_later_turn_gets_its_own_id_in_every_view() -> None:
+    store = sessionlog.open_store("memory:")
+    records = _repaired_store([
+        {"type": "turn/start", "turn": "t1"},
+        assistant("t1", 1, [("c1", "search")]),
+        result("t1", 1, "c1", "first"),
+        {"type": "turn/end", "turn": "t1", "status": "completed"},
+        {"type": "turn/start", "turn": "t2"},
+        assistant("t2", 1, [("c1", "deploy")]),  # seq 7
+        call("t2", 1, "c1", "deploy"),
+    ], store)
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None, (fmt, check_pairing(view.items, fmt))
+        assert view.call_ids == ["c1", "c1"] and view.view_ids == ["c1", "call_7_0"]
+        assert any("'call_7_0'" in i and "earlier call" in i for i in view.issues)
+    chat = project(records, "openai").items
+    assert chat[1] == {"role": "tool", "tool_call_id": "c1", "content": "first"}
+    assert chat[3]["tool_call_id"] == "call_7_0" and chat[3]["content"].startswith(TOOL_OUTCOME_UNKNOWN)
+    # names never change as the log grows (a later call with the name the view gave is renamed)
+    last = store.append("s1", [{"type": "turn/start", "turn": "t3"}, assistant("t3", 1, [("call_7_0", "x")])])
+    assert project(list(store.read("s1")), "responses").view_ids == ["c1", "call_7_0", f"call_{last}_0"]
+
+
+def test_an_empty_call_id_that_repair_answered_passes_every_check() -> None:
+    records = _repaired_store([
+        {"type": "turn/start", "turn": "t1"},
+        assistant("t1", 1, [("", "deploy"), ("ok", "search")]),
+        call("t1", 1, "", "deploy"),
+    ])
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None, (fmt, check_pairing(view.items, fmt))
+        assert view.view_ids == ["call_3_0", "ok"]
+
+
+def test_ids_other_providers_refuse_are_renamed() -> None:
+    long_id = "x" * 41
+    records = numbered([assistant("t1", 1, [("functions.get:0", "get"), (long_id, "get")]),
+                        result("t1", 1, "functions.get:0", "A"), result("t1", 1, long_id, "B")])
+    view = project(records, "anthropic")
+    assert view.view_ids == ["call_2_0", "call_2_1"] and check_pairing(view.items, "anthropic") is None
+    assert [b["content"] for b in view.items[1]["content"]] == ["A", "B"]
+
+
+def test_checkers_refuse_ids_a_provider_refuses() -> None:
+    def chat(cid: str) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": cid, "content": "x"}]
+
+    assert check_pairing(chat("a") + chat("b"), "openai") is None
+    v = check_pairing(chat("a") + chat("a"), "openai")
+    assert (v.call_id, v.index) == ("a", 2) and "repeated" in v.message
+    assert "40" in check_pairing(chat("x" * 41), "openai").message
+
+    def claude(cid: str) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": cid, "content": "x"}]}]
+
+    assert check_pairing(claude("a") + claude("b"), "anthropic") is None
+    v = check_pairing(claude("a") + claude("a"), "anthropic")
+    assert (v.call_id, v.index) == ("a", 2) and "repeated" in v.message
+    assert check_pairing(claude("functions.f:0"), "anthropic").index == 0
+    assert check_pairing(claude(""), "anthropic").index == 0
+
+    fc = {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "a", "output": "x"}
+    msg = {"type": "message", "role": "user", "content": "hi"}
+    assert check_pairing([fc, out, msg], "responses") is None
+    v = check_pairing([fc, msg, out], "responses")
+    assert (v.call_id, v.index) == ("a", 1)
+    assert check_pairing([fc, out, dict(fc), dict(out)], "responses").index == 2
+
+
+def test_show_check_passes_for_a_reused_call_id(tmp_path: Path) -> None:
+    from sessionlog.cli import main
+
+    with sessionlog.open_store(f"jsonl:{tmp_path}") as store:
+        store.create("s1", [
+            {"type": "turn/start", "turn": "t1"}, assistant("t1", 1, [("c1", "search")]),
+            result("t1", 1, "c1", "first"), {"type": "turn/end", "turn": "t1", "status": "completed"},
+            {"type": "turn/start", "turn": "t2"}, assistant("t2", 1, [("c1", "deploy")]),
+            call("t2", 1, "c1", "deploy"),
+        ])
+        assert store.repair("s1").status == "repaired"
+    for fmt in FORMATS:
+        assert main(["show", str(tmp_path / "s1.jsonl"), "--format", fmt, "--check"]) == 0
+
+
+# --- system messages ---------------------------------------------------------------------
+
+
+def _with_system() -> list[dict[str, Any]]:
+    return numbered([
+        {"type": "system/message", "content": "You are terse."},
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "user/message", "turn": "t1", "content": "hi"},
+        assistant("t1", 1, [("a", "read_file")]),
+        result("t1", 1, "a", "A"),
+        {"type": "system/message", "turn": "t1", "content": "You are very terse."},
+        {"type": "user/message", "turn": "t1", "content": "again"},
+    ])
+
+
+def test_system_messages_are_where_each_provider_expects_them() -> None:
+    records = _with_system()
+    chat = project(records, "openai")
+    assert [m["role"] for m in chat.items] == ["system", "user", "assistant", "tool", "system", "user"]
+    assert chat.items[0] == {"role": "system", "content": "You are terse."}
+    assert chat.items[4] == {"role": "system", "content": "You are very terse."}
+    responses = project(records, "responses")
+    assert responses.items[0] == {"type": "message", "role": "system", "content": "You are terse."}
+    assert [i.get("role") for i in responses.items].count("system") == 2
+    claude = project(records, "anthropic")
+    assert claude.system == "You are very terse."  # the instructions in force
+    assert claude.to_json() == {"system": "You are very terse.", "messages": claude.items}
+    assert all(m["role"] in ("user", "assistant") for m in claude.items)
+    assert any("replaced" in i for i in claude.issues)
+    for fmt in FORMATS:
+        assert check_pairing(project(records, fmt).items, fmt) is None
+    assert "system" not in project([r for r in records if r["type"] != "system/message"], "anthropic").to_json()
+
+
+def test_unknown_format_is_a_sessionlog_error() -> None:
+    with pytest.raises(sessionlog.SessionLogError):
+        project([], "gemini")
+    assert issubclass(UnknownFormat, ValueError)

@@ -281,3 +281,241 @@ def test_after_crash_repair_nothing_is_view_time_in_the_open_tail(records: list[
     if latest is not None:
         assert not latest.open
     assert not PendingCalls().feed_all(repaired).is_open
+
+
+# --- every requested call is answered and every step and turn closed, wherever it is ----
+
+
+def _repaired(records: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
+    plan = crash_plan(PendingCalls().feed_all(records), **options)
+    return records + [{**e, "seq": len(records) + 1 + i} for i, e in enumerate(plan)]
+
+
+def closure_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a log leaves open, by an oracle independent of the tracker: every turn opened
+    and not ended, every step opened (step/start or an assistant message) and ended
+    neither by its step/end nor by its turn's end."""
+    turns: list[Any] = []
+    steps: list[tuple[Any, Any]] = []
+    for r in records:
+        t, turn = r["type"], r.get("turn")
+        if t == "turn/start":
+            turns.append(turn)
+        elif t == "turn/end":
+            turns = [x for x in turns if x != turn]
+            steps = [s for s in steps if s[0] != turn]
+        elif t in ("step/start", "assistant/message"):
+            if (turn, r.get("step")) not in steps and (t == "step/start" or isinstance(r.get("step"), int)):
+                steps.append((turn, r.get("step")))
+        elif t == "step/end":
+            steps = [s for s in steps if s != (turn, r.get("step"))]
+    return [f"turn {x!r} open" for x in turns] + [f"step {s!r} open" for s in steps]
+
+
+def answer_counts(records: Sequence[Mapping[str, Any]]) -> tuple[Counter[str], Counter[str]]:
+    """Call instances requested per id (a repeat within one message once) and results per id."""
+    requested: Counter[str] = Counter(requested_ids(records))
+    results: Counter[str] = Counter(r["call_id"] for r in records if r["type"] == "tool/result")
+    return requested, results
+
+
+def test_a_new_step_over_a_step_with_a_started_call_leaves_nothing_unanswered() -> None:
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        assistant("t1", 1, [("a", "deploy")]),
+        call("t1", 1, "a", "deploy"),
+        {"type": "step/start", "turn": "t1", "step": 2},
+        assistant("t1", 2, [("b", "search")]),
+        result("t1", 2, "b", "B"),
+    ])
+    tracker = PendingCalls().feed_all(records)
+    assert [c.call_id for c in tracker.unanswered()] == ["a"] and tracker.is_open
+    plan = crash_plan(tracker)
+    assert [(e["type"], e.get("call_id"), e.get("code"), e.get("step")) for e in plan] == [
+        ("tool/result", "a", TOOL_OUTCOME_UNKNOWN, 1),
+        ("step/end", None, None, 2),
+        ("step/end", None, None, 1),
+        ("turn/end", None, None, None),
+    ]
+    assert plan[0]["call_seq"] == 5 and plan[0]["turn"] == "t1"
+    repaired = _repaired(records)
+    assert closure_problems(repaired) == [] and not PendingCalls().feed_all(repaired).is_open
+
+
+def test_a_new_turn_over_an_open_turn_closes_both_and_answers_the_first_turns_calls() -> None:
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        assistant("t1", 1, [("a", "deploy"), ("b", "search")]),
+        call("t1", 1, "a", "deploy"),
+        {"type": "turn/start", "turn": "t2"},
+        {"type": "user/message", "turn": "t2", "content": "hello?"},
+    ])
+    plan = crash_plan(PendingCalls().feed_all(records))
+    assert [(e["type"], e.get("call_id"), e.get("code"), e.get("turn")) for e in plan] == [
+        ("tool/result", "a", TOOL_OUTCOME_UNKNOWN, "t1"),
+        ("tool/result", "b", TOOL_NOT_STARTED, "t1"),
+        ("step/end", None, None, "t1"),
+        ("turn/end", None, None, "t2"),
+        ("turn/end", None, None, "t1"),
+    ]
+    assert closure_problems(_repaired(records)) == []
+
+
+def test_two_assistant_messages_in_one_step_keep_both_messages_calls() -> None:
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        assistant("t1", 1, [("a", "deploy")]),
+        call("t1", 1, "a", "deploy"),
+        assistant("t1", 1, [("b", "search")]),
+        {"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+        {"type": "turn/end", "turn": "t1", "status": "completed"},
+    ])
+    tracker = PendingCalls().feed_all(records)
+    assert [c.call_id for c in tracker.unanswered()] == ["a", "b"]
+    assert tracker.is_open  # closed step and turn, but two calls nobody answered
+    plan = crash_plan(tracker)
+    assert [(e["type"], e["call_id"], e["code"]) for e in plan] == [
+        ("tool/result", "a", TOOL_OUTCOME_UNKNOWN), ("tool/result", "b", TOOL_NOT_STARTED)]
+    repaired = _repaired(records)
+    assert not PendingCalls().feed_all(repaired).is_open
+    pairing = pair_calls(repaired)
+    assert [(c.call_id, c.result_seq) for ex in pairing.exchanges for c in ex.calls] == [("a", 9), ("b", 10)]
+
+
+def test_results_written_at_the_end_pair_with_their_calls_in_the_views() -> None:
+    from sessionlog.projection import FORMATS, check_pairing, project
+
+    records = _repaired(numbered([
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        assistant("t1", 1, [("a", "deploy")]),
+        call("t1", 1, "a", "deploy"),
+        {"type": "turn/start", "turn": "t2"},
+        {"type": "step/start", "turn": "t2", "step": 1},
+        assistant("t2", 1, [("b", "search")], content="next"),
+        result("t2", 1, "b", "B"),
+    ]))
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None
+        assert_paired(view.items, fmt, records)
+        assert not any("view shows" in i for i in view.issues)
+    chat = project(records, "openai").items
+    assert [m["role"] for m in chat] == ["assistant", "tool", "assistant", "tool"]
+    assert TOOL_OUTCOME_UNKNOWN in chat[1]["content"] and chat[3]["content"] == "B"
+
+
+def test_a_reused_call_id_is_answered_for_the_call_that_lacks_a_result() -> None:
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        assistant("t1", 1, [("c1", "search")]),
+        result("t1", 1, "c1", "first"),
+        {"type": "turn/end", "turn": "t1", "status": "completed"},
+        {"type": "turn/start", "turn": "t2"},
+        assistant("t2", 1, [("c1", "deploy")]),
+        call("t2", 1, "c1", "deploy"),
+    ])
+    plan = crash_plan(PendingCalls().feed_all(records))
+    assert [(e["type"], e.get("call_id"), e.get("turn"), e.get("code")) for e in plan] == [
+        ("tool/result", "c1", "t2", TOOL_OUTCOME_UNKNOWN), ("step/end", None, "t2", None),
+        ("turn/end", None, "t2", None)]
+    pairing = pair_calls(_repaired(records))
+    assert [c.result["output"][:5] for ex in pairing.exchanges for c in ex.calls] == ["first", TOOL_OUTCOME_UNKNOWN[:5]]
+
+
+def test_a_late_result_of_an_earlier_turn_does_not_answer_a_later_call_with_the_same_id() -> None:
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        assistant("t1", 1, [("c1", "search")]),
+        result("t1", 1, "c1", "first"),
+        {"type": "turn/end", "turn": "t1", "status": "completed"},
+        {"type": "turn/start", "turn": "t2"},
+        assistant("t2", 1, [("c1", "deploy")]),
+        result("t1", 1, "c1", "a duplicate of t1's result"),
+    ])
+    assert [c.turn for c in PendingCalls().feed_all(records).unanswered()] == ["t2"]
+
+
+def test_ambiguous_synthetic_results_name_their_assistant_message() -> None:
+    # the same id asked twice in one step and never answered: each synthetic result says
+    # which message it answers, so the pairing cannot swap them
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        assistant("t1", 1, [("c1", "deploy")]),
+        call("t1", 1, "c1", "deploy"),
+        assistant("t1", 1, [("c1", "search")]),
+    ])
+    plan = crash_plan(PendingCalls().feed_all(records))
+    assert [(e.get("assistant_seq"), e.get("code")) for e in plan if e["type"] == "tool/result"] == [
+        (3, TOOL_OUTCOME_UNKNOWN), (5, TOOL_NOT_STARTED)]
+    pairing = pair_calls(_repaired(records))
+    assert [c.result["code"] for ex in pairing.exchanges for c in ex.calls] == [TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED]
+
+
+# Random logs: any interleaving of turns, steps, assistant messages, calls and results.
+
+@st.composite
+def interleaved_logs(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Events in any order a runtime, a crash or a bug could leave: turns and steps opened
+    over open ones, several assistant messages in one step, call ids reused (also ""),
+    results for any call still owed one, ended at any point. A result is only written for
+    a call instance that has none (the oracle counts results per id)."""
+    events: list[dict[str, Any]] = []
+    turns: list[str] = []
+    owed: list[tuple[str, str, int]] = []  # (turn, call id, step) without a result
+    n_turns = 0
+    step = 0
+    for _ in range(draw(st.integers(0, 40))):
+        action = draw(st.sampled_from(["turn", "step", "assistant", "call", "result", "result",
+                                       "end-step", "end-turn", "user"]))
+        turn = turns[-1] if turns else None
+        if action == "turn" or turn is None:
+            n_turns += 1
+            turns.append(f"t{n_turns}")
+            events.append({"type": "turn/start", "turn": turns[-1]})
+            step = 0
+        elif action == "step":
+            step += 1
+            events.append({"type": "step/start", "turn": turn, "step": step})
+        elif action == "assistant":
+            ids = draw(st.lists(st.sampled_from(["c1", "c2", "c3", "", "x"]), max_size=3))
+            message = assistant(turn, max(step, 1), [(i, "deploy") for i in ids])
+            events.append(message)
+            owed.extend((turn, i, max(step, 1)) for i in dict.fromkeys(ids))
+        elif action == "call" and owed:
+            t, cid, s = draw(st.sampled_from(owed))
+            events.append(call(t, s, cid, "deploy"))
+        elif action == "result" and owed:
+            t, cid, s = owed.pop(draw(st.integers(0, len(owed) - 1)))
+            events.append(result(t, s, cid, f"out {cid}"))
+        elif action == "end-step" and step:
+            events.append({"type": "step/end", "turn": turn, "step": draw(st.integers(1, step)),
+                           "status": "completed"})
+        elif action == "end-turn":
+            events.append({"type": "turn/end", "turn": draw(st.sampled_from(turns)), "status": "completed"})
+            turns.remove(events[-1]["turn"])
+        elif action == "user":
+            events.append({"type": "user/message", "turn": turn, "content": "more"})
+    return events
+
+
+@settings(max_examples=300, deadline=None)
+@given(interleaved_logs())
+def test_after_crash_repair_every_call_is_answered_once_and_everything_is_closed(events) -> None:
+    from sessionlog.projection import FORMATS, check_pairing, project
+
+    repaired = _repaired(numbered(events))
+    requested, results = answer_counts(repaired)
+    assert requested == results, (requested, results)
+    assert closure_problems(repaired) == []
+    assert not PendingCalls().feed_all(repaired).is_open
+    assert crash_plan(PendingCalls().feed_all(repaired)) == []  # a second repair: nothing
+    pairing = pair_calls(repaired)
+    assert not any(c.view_time for ex in pairing.exchanges for c in ex.calls)
+    assert pairing.orphan_seqs == [] and pairing.duplicate_seqs == []
+    for fmt in FORMATS:
+        view = project(repaired, fmt)
+        assert check_pairing(view.items, fmt) is None, (fmt, check_pairing(view.items, fmt))

@@ -240,12 +240,21 @@ def test_repair_clean_session_changes_nothing(store):
     assert [r.raw for r in store.read("s1")] == before
 
 
-def test_closed_historical_turn_is_left_alone(store):
+def test_closed_historical_turn_gets_its_missing_results_and_no_closers(store):
+    # Every requested call gets one durable result, wherever it is: repair writes the
+    # answers at the end (the views pair them with their calls); the closed step and
+    # turn stay as they were.
     hist = TURN + [
         {"type": "step/end", "turn": "t1", "step": 1, "status": "error"},
         {"type": "turn/end", "turn": "t1", "status": "error"},
     ]
     store.create("s1", hist)
+    res = store.scan("s1")
+    assert res.status == "repairable" and res.unanswered_calls == ["c2", "c3"]
+    assert res.open_turn is None and res.open_step is None
+    rep = store.repair("s1")
+    assert [(r["type"], r["call_id"], r["code"], r["turn"]) for r in rep.appended] == [
+        ("tool/result", "c2", TOOL_OUTCOME_UNKNOWN, "t1"), ("tool/result", "c3", TOOL_NOT_STARTED, "t1")]
     assert store.scan("s1").status == "clean"
     assert store.repair("s1").status == "clean"
 
