@@ -573,7 +573,7 @@ def test_a_fifo_planted_at_a_session_or_lock_path_is_refused_without_hanging(tmp
     assert os.path.exists(path) and not os.path.isfile(path)  # nothing replaced it
 
 
-def test_cli_scan_of_a_fifo_exits_4_naming_it(tmp_path):
+def test_cli_scan_and_repair_of_a_fifo_exit_4_naming_it(tmp_path):
     import subprocess
     import sys
 

@@ -163,3 +163,51 @@ def test_sigkill_between_the_batches_of_a_large_repair(tmp_path, scheme, killed_
     assert answered_exactly_once(records) == []
     assert [r["type"] for r in records].count("log/truncated") == 1
     assert store.scan("s").status == "clean"
+
+
+CUT_THEN_KILLED = textwrap.dedent(
+    """
+    import os, signal, sys, sessionlog
+    from sessionlog.durable import FileSystem
+
+    class KilledAfterTheCut(FileSystem):
+        cut = False
+
+        def ftruncate(self, fd, size):
+            super().ftruncate(fd, size)
+            KilledAfterTheCut.cut = True
+
+        def write(self, fd, data):
+            if KilledAfterTheCut.cut:  # the cut is durable; the marker never lands
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().write(fd, data)
+
+    sessionlog.open_store(sys.argv[1], fs=KilledAfterTheCut()).repair("s", force=True)
+    """
+)
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_sigkill_after_a_forced_cut_keeps_the_dropped_seqs(tmp_path, scheme):
+    url = f"{scheme}:{tmp_path / 'st'}"
+    store = sessionlog.open_store(url)
+    store.create("s", [{"type": "turn/start", "turn": "t1"}])
+    for i in range(6):
+        store.append("s", [{"type": "note", "i": i, "text": "q" * 300}])
+    path = store.path_of("s")
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[data.find(b'"i":2') if scheme == "jsonl" else len(data) // 2] ^= 0x20
+    with open(path, "wb") as f:
+        f.write(data)
+    damage = store.scan("s").damage
+    assert damage.kind == "mid-log" and damage.dropped_seqs is not None
+    child = subprocess.run([sys.executable, "-c", CUT_THEN_KILLED, url], env=_env(), timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    res = store.scan("s")
+    assert res.damage is None and len(res.unmarked_quarantines) == 1
+    rep = store.repair("s")
+    [marker] = [r for r in rep.appended if r["type"] == "log/truncated"]
+    assert tuple(marker["dropped_seqs"]) == damage.dropped_seqs
+    assert marker["offset"] == damage.offset and marker["dropped_bytes"] == damage.length
+    assert store.repair("s").status == "clean"
