@@ -47,7 +47,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .contract import SequenceConflict, events_list, plan_batches
+from .contract import InvalidEvent, SequenceConflict, SessionLogError, events_list, plan_batches
+from .delivery import LLM_REQUEST, LLM_RESPONSE
 from .events import (
     TOOL_CALL,
     TOOL_RESULT,
@@ -59,11 +60,6 @@ from .events import (
 from .transcript import PendingCalls, closers, recovery_results
 
 _T = TypeVar("_T")
-
-TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
-"""``code`` of the local error result :func:`dispatch_tools` records for a call naming a
-tool it does not have (not synthetic: the runtime answered it; the model should know)."""
-
 
 class Appender(Protocol):
     """What a step scope needs from a session handle (``store.session(id)``, or any
@@ -256,6 +252,51 @@ class StepScope:
             exc.add_note("sessionlog: the task was cancelled again while live step recovery "
                          "was recording; recovery completed and the original failure propagates")
 
+    # -- checkpoints ------------------------------------------------------------------
+
+    def position(self, what: str) -> tuple[Any, int]:
+        """The open step's ``(turn, step)``; raises :class:`OutsideStep` when the scope
+        knows no open step (``what`` names what was asked for)."""
+        tracker = self.tracker
+        turn = tracker.step_turn if tracker.step_turn is not None else tracker.open_turn
+        if turn is None or tracker.open_step is None:
+            raise OutsideStep(
+                f"{what} outside a step: the scope knows no open step (turn {turn!r}, step "
+                f"{tracker.open_step!r}); append step/start through the scope or pass turn= and step="
+            )
+        return turn, tracker.open_step
+
+    def result_event(self, call: ToolCallRequest, outcome: ToolOutcome) -> dict[str, Any]:
+        """The ``tool/result`` record of ``call`` in the open step."""
+        turn, step = self.position("a tool result")
+        event: dict[str, Any] = {"type": TOOL_RESULT, "turn": turn, "step": step, "call_id": call.id,
+                                 "name": call.name, "output": outcome.output, "is_error": outcome.is_error}
+        if outcome.code is not None:
+            event["code"] = outcome.code
+        return event
+
+    def tool_call(self, call: ToolCallRequest | Mapping[str, Any], *, errors: str = "result") -> ToolCall:
+        """A :class:`ToolCall` scope for one of the assistant's calls (``{"id","name",
+        "arguments"}`` or a ToolCallRequest): ``async with step.tool_call(call) as tc``."""
+        return ToolCall(self, call, errors=errors)
+
+    async def run_tool(self, call: ToolCallRequest | Mapping[str, Any], tool: ToolFn, *,
+                       errors: str = "result") -> ToolOutcome:
+        """Run ``tool`` for ``call`` in a :class:`ToolCall` scope (durable ``tool/call``,
+        body, durable ``tool/result``) and return what was recorded. A tool that raises is
+        an error result (``TOOL_ERROR``), unless ``errors="raise"``."""
+        async with self.tool_call(call, errors=errors) as tc:
+            value = tool(tc.call.arguments)
+            if inspect.isawaitable(value):
+                value = await value
+            tc.result(value)  # type: ignore[arg-type]
+        assert tc.outcome is not None
+        return tc.outcome
+
+    def model_request(self, request: str, results: Sequence[str] = ()) -> ModelRequest:
+        """A :class:`ModelRequest` checkpoint: ``async with step.model_request("r1", results=ids)``."""
+        return ModelRequest(self, request, results)
+
     def __enter__(self) -> StepScope:
         return self
 
@@ -298,18 +339,153 @@ async def _to_completion(coro: Awaitable[_T]) -> _T:
     return task.result()
 
 
-# --- parallel tool dispatch -------------------------------------------------------------
+# --- checkpoints: tool calls and model requests ----------------------------------------
+
+
+TOOL_ERROR = "TOOL_ERROR"
+"""``code`` of the result a tool-call scope records when the tool body raised: the model
+reads the exception text as the tool's output, and the step goes on."""
+
+TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+"""``code`` of the local error result :func:`dispatch_tools` records for a call naming a
+tool it does not have (not synthetic: the runtime answered it; the model should know)."""
+
+
+class OutsideStep(SessionLogError):
+    """A step-scoped record (a tool call, an approval) was asked for while the scope knows
+    no open step: it would be written with no ``turn`` or ``step``."""
 
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What a tool returned: its ``output`` text and whether it is an error."""
+    """What a tool returns: the ``output`` text the model reads, whether it is an error,
+    and an optional machine-readable ``code`` (e.g. ``TOOL_ERROR``).
+
+    The tool function contract (what :meth:`StepScope.run_tool` and
+    :func:`dispatch_tools` call): ``tool(arguments)`` takes the call's ``arguments`` (the
+    JSON object the model sent) and returns, or is a coroutine returning, either a
+    ``str`` (a successful output) or a :class:`ToolOutcome`. Raising an ``Exception``
+    means the tool failed: its text becomes an error result (``TOOL_ERROR``) the model can
+    read, unless the runtime asked for ``errors="raise"``. A cancellation propagates and
+    is recorded by step recovery (``TOOL_OUTCOME_UNKNOWN``: the body may have had effects).
+    A tool is only called after its ``tool/call`` is durable, so it must expect that after
+    a crash it may be reported as "maybe ran", never silently retried."""
 
     output: str
     is_error: bool = False
+    code: str | None = None
 
 
-ToolFn = Callable[[Any], Awaitable["str | ToolOutcome"]]
+ToolFn = Callable[[Any], "Awaitable[str | ToolOutcome] | str | ToolOutcome"]
+
+
+def tool_outcome(value: object) -> ToolOutcome:
+    """A tool's return value as a :class:`ToolOutcome` (a ``str`` is a successful output)."""
+    if isinstance(value, ToolOutcome):
+        return value
+    if isinstance(value, str):
+        return ToolOutcome(value)
+    raise TypeError(f"a tool returns str or ToolOutcome, not {type(value).__name__}")
+
+
+def error_outcome(exc: BaseException) -> ToolOutcome:
+    """The error result of a tool body that raised ``exc``: the exception's type and text."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return ToolOutcome(f"{TOOL_ERROR}: the tool raised {text}", is_error=True, code=TOOL_ERROR)
+
+
+def _as_call(call: ToolCallRequest | Mapping[str, Any]) -> ToolCallRequest:
+    if isinstance(call, ToolCallRequest):
+        return call
+    found = requested_calls([dict(call)])
+    if not found:
+        raise InvalidEvent(f"not a tool call (an object with string id and name): {call!r}")
+    return found[0]
+
+
+def _cancellation(exc: BaseException) -> bool:
+    return failure_status(exc) == "aborted"
+
+
+class ToolCall:
+    """Scope of one tool call in a step: the durable intent precedes the side effect.
+
+    ``async with step.tool_call(call) as tc:`` appends ``tool/call`` and waits until it is
+    durable; only then does the body run (if that append fails, the body does not run
+    and the error propagates). ``tc.result(value)`` sets what the tool returned; on exit
+    the ``tool/result`` is appended (durable on return; ``tc.outcome`` is what was
+    recorded). A body that raises an ``Exception`` is recorded as an error result with
+    the exception's text (code ``TOOL_ERROR``) and the exception is suppressed: the step
+    goes on. With ``errors="raise"`` it propagates instead and the step fails (step
+    recovery answers the call ``TOOL_OUTCOME_UNKNOWN``: the body may have done part of
+    its work). A cancellation always propagates. A body that sets no result records an
+    empty successful output."""
+
+    def __init__(self, scope: StepScope, call: ToolCallRequest | Mapping[str, Any], *, errors: str = "result") -> None:
+        if errors not in ("result", "raise"):
+            raise ValueError(f"errors must be 'result' or 'raise', not {errors!r}")
+        self.scope = scope
+        self.call = _as_call(call)
+        self.errors = errors
+        self.outcome: ToolOutcome | None = None
+        self.call_seq: int | None = None
+        self._value: ToolOutcome | None = None
+
+    def result(self, value: str | ToolOutcome) -> None:
+        """What the tool returned (recorded when the scope exits)."""
+        self._value = tool_outcome(value)
+
+    async def __aenter__(self) -> ToolCall:
+        turn, step = self.scope.position("a tool call")
+        self.call_seq = await self.scope.append_async(
+            [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": self.call.id, "name": self.call.name}]
+        )
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None:
+            outcome = self._value if self._value is not None else ToolOutcome("")
+        elif _cancellation(exc) or self.errors == "raise" or not isinstance(exc, Exception):
+            return False
+        else:
+            outcome = error_outcome(exc)
+        await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+        self.outcome = outcome
+        return exc is not None
+
+
+class ModelRequest:
+    """Checkpoint before a model request: ``async with step.model_request("r1", results=[...])``
+    appends ``llm/request`` (``request``: the runtime's id, ``results``: the call ids the
+    request carries) and waits until it is durable; only then does the body (sending the
+    request) run, and not at all if that append fails. On exit ``llm/response`` is
+    appended (with ``response_id`` when the body set it); when the body raised, the
+    response records ``error`` (nothing was delivered) and the exception propagates."""
+
+    def __init__(self, scope: StepScope, request: str, results: Sequence[str] = ()) -> None:
+        self.scope = scope
+        self.request = request
+        self.results = list(results)
+        self.response_id: str | None = None
+        self.seq: int | None = None
+
+    async def __aenter__(self) -> ModelRequest:
+        self.seq = await self.scope.append_async(
+            [{"type": LLM_REQUEST, "request": self.request, "results": self.results}]
+        )
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        event: dict[str, Any] = {"type": LLM_RESPONSE, "request": self.request}
+        if self.response_id is not None:
+            event["response_id"] = self.response_id
+        if exc is not None:
+            event["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        await self.scope.append_async([event])
+        return False
+
+
+# --- parallel tool dispatch -------------------------------------------------------------
 
 
 async def dispatch_tools(
@@ -318,39 +494,42 @@ async def dispatch_tools(
     tools: Mapping[str, ToolFn],
     *,
     concurrency: int = 4,
+    errors: str = "result",
 ) -> None:
-    """Run an assistant message's ``calls`` (its ``tool_calls`` entries, in order) with at most ``concurrency`` bodies at once.
+    """Run an assistant message's ``calls`` (its ``tool_calls`` entries, in order) with at
+    most ``concurrency`` bodies at once, each in a :class:`ToolCall` scope.
 
-    For each call: a durable ``tool/call`` is appended before its body starts, and its
-    ``tool/result`` when it returns. A call naming a tool not in ``tools`` gets a local
-    error result (code ``TOOL_NOT_FOUND``, no ``tool/call``: nothing ran). A body that
-    raises is a failure of the step: no new call is started, the started ones are waited
-    for (their results recorded), then the first failure is raised — so the scope's
-    recovery never races a running dispatch. On cancellation the started bodies are
-    cancelled and waited for, then the cancellation propagates."""
-    requested = requested_calls([dict(c) if isinstance(c, Mapping) else
-                                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls])
-    # A call id repeated in one message is one call (as the tracker and the views count it):
-    # its body runs once.
-    todo = list({call.id: call for call in reversed(requested)}.values())[::-1]
-    turn = scope.tracker.step_turn if scope.tracker.step_turn is not None else scope.tracker.open_turn
-    step = scope.tracker.open_step
+    For each call, in the assistant's order: a durable ``tool/call`` is appended before
+    its body starts, and its ``tool/result`` when it returns. A call id repeated in the
+    message is one call (its first occurrence, as the views count it). A call naming a
+    tool not in ``tools`` gets a local error result (code ``TOOL_NOT_FOUND``, no
+    ``tool/call``: nothing ran). A body that raises gets an error result (``TOOL_ERROR``)
+    and the others go on; with ``errors="raise"`` it is a failure of the step instead: no
+    new call is started, the started ones are waited for (their results recorded), then
+    the first failure is raised, so the scope's recovery never races a running dispatch.
+    On cancellation the started bodies are cancelled and waited for, then the
+    cancellation propagates. Raises :class:`OutsideStep` (nothing written) when the
+    scope knows no open step."""
+    scope.position("dispatch_tools")
+    requested = [_as_call(c) for c in calls]
+    seen: set[str] = set()
+    todo = [c for c in requested if not (c.id in seen or seen.add(c.id))]  # first occurrences, in order
     slots = asyncio.Semaphore(concurrency)
     started: list[asyncio.Task[None]] = []
     failures: list[BaseException] = []
 
-    def result_event(call: ToolCallRequest, outcome: ToolOutcome, code: str | None = None) -> dict[str, Any]:
-        event = {"type": TOOL_RESULT, "turn": turn, "step": step, "call_id": call.id, "name": call.name,
-                 "output": outcome.output, "is_error": outcome.is_error}
-        if code is not None:
-            event["code"] = code
-        return event
-
-    async def run(call: ToolCallRequest, body: ToolFn) -> None:
+    async def run(tc: ToolCall, body: ToolFn) -> None:
         try:
-            value = await body(call.arguments)
-            outcome = value if isinstance(value, ToolOutcome) else ToolOutcome(str(value))
-            await scope.append_async([result_event(call, outcome)])
+            try:
+                value = body(tc.call.arguments)
+                if inspect.isawaitable(value):
+                    value = await value
+                tc.result(value)  # type: ignore[arg-type]
+            except BaseException as exc:
+                if not await tc.__aexit__(type(exc), exc, exc.__traceback__):
+                    raise
+            else:
+                await tc.__aexit__(None, None, None)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -367,20 +546,19 @@ async def dispatch_tools(
             if body is None:
                 text = (f"{TOOL_NOT_FOUND}: there is no tool named {call.name!r}; the call (id {call.id}) "
                         "did nothing. Use one of the available tools.")
-                await scope.append_async([result_event(call, ToolOutcome(text, True), TOOL_NOT_FOUND)])
+                await scope.append_async([scope.result_event(call, ToolOutcome(text, True, TOOL_NOT_FOUND))])
                 continue
             await slots.acquire()
             if failures:
                 slots.release()
                 break
+            tc = ToolCall(scope, call, errors=errors)
             try:
-                # The durable intent precedes the side effect.
-                await scope.append_async([{"type": TOOL_CALL, "turn": turn, "step": step,
-                                           "call_id": call.id, "name": call.name}])
+                await tc.__aenter__()  # the durable intent precedes the side effect
             except BaseException:
                 slots.release()
                 raise
-            started.append(asyncio.create_task(run(call, body)))
+            started.append(asyncio.create_task(run(tc, body)))
     except asyncio.CancelledError:
         for task in started:
             task.cancel()
@@ -401,10 +579,17 @@ async def dispatch_tools(
 
 
 __all__ = [
+    "TOOL_ERROR",
     "TOOL_NOT_FOUND",
     "Appender",
+    "ModelRequest",
+    "OutsideStep",
     "StepScope",
+    "ToolCall",
+    "ToolFn",
     "ToolOutcome",
     "dispatch_tools",
+    "error_outcome",
     "failure_status",
+    "tool_outcome",
 ]

@@ -52,7 +52,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ from .contract import (
     CorruptLog,
     EventStore,
     InvalidEvent,
+    SequenceConflict,
     SessionHandle,
     SessionLocked,
     SessionLogError,
@@ -70,6 +71,7 @@ from .contract import (
     StoreClosed,
     events_list,
 )
+from .events import Record
 from .scan import DEFAULT_LIMITS
 
 ENVELOPE_BYTES = 64
@@ -84,6 +86,7 @@ class _Pending:
     events: list[Mapping[str, Any]]
     nbytes: int
     future: asyncio.Future[int]
+    expect_seq: int | None = None  # the session's last seq before these events, if the producer named it
     awaited: bool = False  # an append() is waiting on it (withdrawn when the session pauses)
     refused: bool = False  # failed for its own events, not for the session's state
 
@@ -144,9 +147,12 @@ class WriteBehind:
 
     # -- admission ---------------------------------------------------------------------
 
-    def submit(self, session_id: str, events: Sequence[Mapping[str, Any]]) -> asyncio.Future[int]:
+    def submit(self, session_id: str, events: Sequence[Mapping[str, Any]], *,
+               expect_seq: int | None = None) -> asyncio.Future[int]:
         """Accept ``events`` for ``session_id`` now; the future resolves to the seq of the
         last of them once they are durable (or fails with why they were not written).
+        With ``expect_seq`` they are written only if the session's last seq is then
+        ``expect_seq`` (else the future fails with SequenceConflict; nothing else does).
 
         Raises at once, accepting nothing: StoreClosed after close() began; InvalidEvent
         when the events cannot be encoded (not mappings, not serializable, nested too
@@ -165,20 +171,36 @@ class WriteBehind:
         if nbytes > self.max_batch_bytes:
             raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
                                f"({self.max_batch_bytes} bytes); split them")
-        pending = _Pending(batch, nbytes, asyncio.get_running_loop().create_future())
+        pending = _Pending(batch, nbytes, asyncio.get_running_loop().create_future(), expect_seq)
         lane.queue.append(pending)
         lane.last = pending
         self._start(lane)
         return pending.future
 
-    async def append(self, session_id: str, events: Sequence[Mapping[str, Any]]) -> int:
+    async def append(self, session_id: str, events: Sequence[Mapping[str, Any]], *,
+                     expect_seq: int | None = None) -> int:
         """Accept ``events`` and wait until they are durable; returns the seq of the last.
 
         Raises what :meth:`submit` raises, and why the events were not written
-        (InvalidEvent, SessionLocked, AppendFailed...): then they never will be."""
-        future = self.submit(session_id, events)
+        (InvalidEvent, SequenceConflict, SessionLocked, AppendFailed...): then they never
+        will be."""
+        future = self.submit(session_id, events, expect_seq=expect_seq)
         self._lanes[session_id].last.awaited = True  # type: ignore[union-attr]
         return await future
+
+    def session(self, session_id: str) -> WriterSession:
+        """An appender for one session through this writer (what a
+        :class:`~sessionlog.recovery.StepScope` appends through): ``await
+        s.append(events, expect_seq=...)`` is durable on return."""
+        return WriterSession(self, session_id)
+
+    def step(self, session_id: str, *, turn: str | None = None, step: int | None = None, **options: Any) -> Any:
+        """A :class:`~sessionlog.recovery.StepScope` over this writer:
+        ``async with writer.step("s1", turn="t1", step=1) as step: ...`` (checkpoints,
+        tool-call scopes, approvals, live step recovery). ``options`` go to StepScope."""
+        from .recovery import StepScope
+
+        return StepScope(self.session(session_id), turn=turn, step=step, **options)
 
     def failure(self, session_id: str) -> BaseException | None:
         """What keeps the session's queue from being written (None when it is healthy)."""
@@ -210,7 +232,8 @@ class WriteBehind:
         while queue:
             pending = queue[0]
             if batch and (count + len(pending.events) > self.max_batch
-                          or nbytes + pending.nbytes > self.max_batch_bytes):
+                          or nbytes + pending.nbytes > self.max_batch_bytes
+                          or pending.expect_seq is not None):  # its check is on the batch's start
                 break
             batch.append(queue.popleft())
             count += len(pending.events)
@@ -226,6 +249,10 @@ class WriteBehind:
             part = parts.popleft()
             try:
                 _resolve(part, await self._write(lane, part))
+            except SequenceConflict as exc:  # only a batch led by an expect_seq check conflicts
+                _refuse(part[0], exc)
+                if len(part) > 1:
+                    parts.appendleft(part[1:])
             except InvalidEvent as exc:
                 if len(part) == 1:
                     _refuse(part[0], exc)
@@ -264,11 +291,13 @@ class WriteBehind:
         is still awaited and settled before the cancellation goes on, so a batch is never
         both written and requeued."""
         events = batch[0].events if len(batch) == 1 else [e for p in batch for e in p.events]
+        expect_seq = batch[0].expect_seq
         if self.inline and self._in_flight == 0 and lane.handle is not None and not lane.queue and len(batch) == 1:
-            return self._write_sync(lane, events)
+            return self._write_sync(lane, events, expect_seq)
         self._in_flight += 1
         try:
-            thread = asyncio.get_running_loop().run_in_executor(self._executor, self._write_sync, lane, events)
+            thread = asyncio.get_running_loop().run_in_executor(self._executor, self._write_sync, lane, events,
+                                                                expect_seq)
             try:
                 return await asyncio.shield(thread)
             except asyncio.CancelledError:
@@ -285,12 +314,12 @@ class WriteBehind:
         finally:
             self._in_flight -= 1
 
-    def _write_sync(self, lane: _Lane, events: list[Mapping[str, Any]]) -> int:
+    def _write_sync(self, lane: _Lane, events: list[Mapping[str, Any]], expect_seq: int | None = None) -> int:
         handle = lane.handle
         if handle is None:
             handle = lane.handle = self.store.session(lane.session_id, timeout=self.lock_wait)  # type: ignore[call-arg]
         try:
-            return handle.append(events)
+            return handle.append(events, expect_seq=expect_seq)
         except AppendFailed:
             # A failed handle is unusable; the next write opens a new one.
             with contextlib.suppress(SessionLogError):
@@ -363,7 +392,8 @@ class WriteBehind:
             raise lane.dead
         target = lane.queue[-1] if lane.queue else lane.last
         if target is None or target.future.done():
-            return  # settled before this call: its producers were told
+            lane.paused = None  # nothing left to retry: its producers were told
+            return
         retried: SessionLogError | None = None
         while not target.future.done():
             if lane.dead is not None:
@@ -424,6 +454,37 @@ class WriteBehind:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class WriterSession:
+    """One session seen through a :class:`WriteBehind`: durable appends, and reads of the
+    durable log (``records``) for a step scope catching up with other producers."""
+
+    def __init__(self, writer: WriteBehind, session_id: str) -> None:
+        self.writer = writer
+        self.session_id = session_id
+        self.store = writer.store
+
+    @property
+    def last_seq(self) -> int | None:
+        """The session's last durable seq, when this writer already owns it (else None)."""
+        lane = self.writer._lanes.get(self.session_id)
+        handle = None if lane is None else lane.handle
+        if handle is None or (lane is not None and (lane.queue or lane.task is not None)):
+            return None
+        return handle.last_seq
+
+    async def append(self, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None) -> int:
+        """Append through the writer and wait until durable; returns the last seq. A
+        paused session is retried first (:meth:`WriteBehind.flush`), so a step's recovery
+        can still record after a failed checkpoint once the disk is back."""
+        if self.writer.failure(self.session_id) is not None:
+            await self.writer.flush(self.session_id)
+        return await self.writer.append(self.session_id, events, expect_seq=expect_seq)
+
+    def records(self, after_seq: int = 0) -> Iterator[Record]:
+        """The session's durable records with seq > ``after_seq`` (blocking: a read)."""
+        return self.store.read(self.session_id, after_seq=after_seq)
 
 
 class _Refused(InvalidEvent):

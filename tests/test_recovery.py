@@ -5,6 +5,7 @@ every call answered (right codes, call order), the step and turn closed with ``e
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ from hypothesis import strategies as st
 from test_transcript import assert_paired, assistant, call, result
 
 import sessionlog
+from sessionlog.backends.jsonl import open_jsonl
+from sessionlog.durable import FileSystem
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from sessionlog.projection import FORMATS, check_pairing, project
 from sessionlog.recovery import (
     TOOL_NOT_FOUND,
+    OutsideStep,
     StepScope,
     ToolOutcome,
     dispatch_tools,
@@ -193,7 +197,7 @@ FOUR = [("a", "deploy"), ("b", "search"), ("c", "read_file"), ("d", "deploy")]
 
 
 @pytest.mark.parametrize("kind", ["to-thread", "async-append"])
-def test_dispatch_failure_stops_new_calls_and_waits_for_started(store: sessionlog.EventStore, kind: str) -> None:
+def test_dispatch_failure_with_errors_raise_stops_new_calls_and_waits_for_started(store: sessionlog.EventStore, kind: str) -> None:
     finished: list[str] = []
 
     async def deploy(args: Any) -> str:
@@ -210,7 +214,7 @@ def test_dispatch_failure_stops_new_calls_and_waits_for_started(store: sessionlo
         async with StepScope(h, turn="t1") as scope:
             await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1}, message])
             await dispatch_tools(scope, message["tool_calls"], {"deploy": deploy, "search": search, "read_file": search},
-                                 concurrency=2)
+                                 concurrency=2, errors="raise")
 
     with store.session("s1") as h, pytest.raises(SchedulerError, match="search crashed"):
         asyncio.run(step(_wrap(h, kind)))
@@ -382,3 +386,217 @@ def test_a_call_id_repeated_in_one_message_runs_once(store: sessionlog.EventStor
     asyncio.run(main())
     assert runs == [{"i": 1}, {}]
     assert [r["call_id"] for r in store.read("r") if r["type"] == "tool/call"] == ["a", "b"]
+
+
+def test_a_repeated_call_id_keeps_the_assistants_order(store: sessionlog.EventStore) -> None:
+    store.create("r", [{"type": "turn/start", "turn": "t"}, {"type": "step/start", "turn": "t", "step": 1}])
+    runs: list[Any] = []
+
+    async def tool(arguments: Any) -> str:
+        runs.append(arguments["i"])
+        return "ok"
+
+    calls = [{"id": "a", "name": "t", "arguments": {"i": 1}}, {"id": "b", "name": "t", "arguments": {"i": 2}},
+             {"id": "a", "name": "t", "arguments": {"i": 3}}]
+
+    async def main() -> None:
+        with store.session("r") as handle:
+            scope = StepScope(handle, turn="t", step=1)
+            scope.append([{"type": "assistant/message", "turn": "t", "step": 1, "content": None, "tool_calls": calls}])
+            await dispatch_tools(scope, calls, {"t": tool}, concurrency=1)
+
+    asyncio.run(main())
+    assert runs == [1, 2]  # the first occurrence, in the assistant's order
+    assert [r["call_id"] for r in store.read("r") if r["type"] == "tool/call"] == ["a", "b"]
+    assert [r["call_id"] for r in store.read("r") if r["type"] == "tool/result"] == ["a", "b"]
+
+
+def test_dispatch_outside_a_step_is_refused(store: sessionlog.EventStore) -> None:
+    async def tool(arguments: Any) -> str:
+        raise AssertionError("must not run")
+
+    async def main() -> None:
+        with store.session("s1") as handle:
+            scope = StepScope(handle, turn="t1")  # the turn is open, no step is
+            with pytest.raises(sessionlog.SessionLogError, match="outside a step"):
+                await dispatch_tools(scope, [{"id": "a", "name": "t", "arguments": {}}], {"t": tool})
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "turn/start", "user/message"]
+
+
+def test_a_raising_tool_is_an_error_result_and_the_step_goes_on(store: sessionlog.EventStore) -> None:
+    ran: list[str] = []
+
+    async def deploy(args: Any) -> str:
+        ran.append("deploy")
+        return "deployed"
+
+    async def search(args: Any) -> str:
+        raise SchedulerError("index offline")
+
+    async def step(h: Any) -> None:
+        message = assistant("t1", 1, FOUR)
+        async with StepScope(h, turn="t1") as scope:
+            await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1}, message])
+            await dispatch_tools(scope, message["tool_calls"], {"deploy": deploy, "search": search, "read_file": search},
+                                 concurrency=1)
+            await scope.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"}])
+
+    with store.session("s1") as h:
+        asyncio.run(step(h))
+    assert ran == ["deploy", "deploy"]
+    results = {r["call_id"]: r for r in store.read("s1") if r["type"] == "tool/result"}
+    assert [results[c]["is_error"] for c in "abcd"] == [False, True, True, False]
+    assert results["b"]["code"] == "TOOL_ERROR" and "SchedulerError: index offline" in results["b"]["output"]
+    assert tail(store)[-1] == ("step/end", "completed", None)
+
+
+# --- checkpoints over write-behind ------------------------------------------------------
+
+
+class FlakyFS(FileSystem):
+    """Fails the next ``fail`` syncs (the engine's one I/O seam)."""
+
+    def __init__(self) -> None:
+        self.fail = 0
+
+    def fdatasync(self, fd: int) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise OSError(errno.EIO, "injected")
+        super().fdatasync(fd)
+
+
+def _types(store: sessionlog.EventStore, sid: str = "s1") -> list[Any]:
+    return [(r["type"], r.get("call_id") or r.get("request") or r.get("status"), r.get("code"))
+            for r in store.read(sid, after_seq=3)]
+
+
+def test_tool_call_scope_makes_the_intent_durable_before_the_body(tmp_path: Path) -> None:
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}, {"type": "user/message", "turn": "t1", "content": "go"}])
+    seen_before_body: list[Any] = []
+    calls = [{"id": "a", "name": "deploy", "arguments": {"v": 1}}, {"id": "b", "name": "search", "arguments": {}}]
+
+    async def deploy(args: Any) -> str:
+        seen_before_body.append([r["type"] for r in store.read("s1")][-1])  # durable: another reader sees it
+        return f"deployed {args['v']}"
+
+    async def search(args: Any) -> str:
+        raise LookupError("index offline")
+
+    async def main() -> list[ToolOutcome]:
+        async with store.writer() as writer, writer.step("s1", turn="t1") as step:
+            await step.append_async([{"type": "step/start", "turn": "t1", "step": 1}])
+            async with step.model_request("r1") as request:
+                request.response_id = "resp_1"
+            await step.append_async([{"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+                                      "tool_calls": calls}])
+            out = [await step.run_tool(calls[0], deploy), await step.run_tool(calls[1], search)]
+            async with step.model_request("r2", results=["a", "b"]):
+                pass
+            await step.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"}])
+            return out
+
+    out = asyncio.run(main())
+    assert seen_before_body == ["tool/call"]
+    assert out[0] == ToolOutcome("deployed 1") and out[1].is_error and "LookupError: index offline" in out[1].output
+    assert _types(store) == [
+        ("step/start", None, None), ("llm/request", "r1", None), ("llm/response", "r1", None),
+        ("assistant/message", None, None), ("tool/call", "a", None), ("tool/result", "a", None),
+        ("tool/call", "b", None), ("tool/result", "b", "TOOL_ERROR"), ("llm/request", "r2", None),
+        ("llm/response", "r2", None), ("step/end", "completed", None),
+    ]
+    responses = [r for r in store.read("s1") if r["type"] == "llm/response"]
+    assert responses[0]["response_id"] == "resp_1" and "error" not in responses[0]
+    assert [r for r in store.read("s1") if r["type"] == "llm/request"][1]["results"] == ["a", "b"]
+
+
+def test_a_failed_checkpoint_never_runs_the_body(tmp_path: Path) -> None:
+    fs = FlakyFS()
+    store = open_jsonl(str(tmp_path), fs=fs)
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}, {"type": "user/message", "turn": "t1", "content": "go"}])
+    ran: list[str] = []
+    call = {"id": "a", "name": "deploy", "arguments": {}}
+
+    async def deploy(args: Any) -> str:
+        ran.append("deploy")
+        return "deployed"
+
+    async def main() -> None:
+        async with store.writer() as writer:
+            with pytest.raises(sessionlog.AppendFailed):
+                async with writer.step("s1", turn="t1") as step:
+                    await step.append_async([{"type": "step/start", "turn": "t1", "step": 1},
+                                             {"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+                                              "tool_calls": [call]}])
+                    fs.fail = 1  # the tool/call append fails: the body must not run
+                    await step.run_tool(call, deploy)
+            with pytest.raises(sessionlog.AppendFailed):
+                async with writer.step("s1", turn="t2") as step2:
+                    fs.fail = 1
+                    async with step2.model_request("r9"):
+                        ran.append("request sent")
+
+    asyncio.run(main())
+    assert ran == []
+    # the first step was recovered once the disk was back: the call never started
+    assert _types(store)[:4] == [("step/start", None, None), ("assistant/message", None, None),
+                                 ("tool/result", "a", TOOL_NOT_STARTED), ("step/end", "error", None)]
+    assert "llm/request" not in [t for t, _, _ in _types(store)]
+
+
+def test_errors_raise_fails_the_step_and_recovery_says_the_outcome_is_unknown(store: sessionlog.EventStore) -> None:
+    call = {"id": "a", "name": "deploy", "arguments": {}}
+
+    async def deploy(args: Any) -> str:
+        raise SchedulerError("half-way")
+
+    async def main() -> None:
+        async with store.writer() as writer:
+            with pytest.raises(SchedulerError):
+                async with writer.step("s1", turn="t1") as step:
+                    await step.append_async([{"type": "step/start", "turn": "t1", "step": 1},
+                                             {"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+                                              "tool_calls": [call]}])
+                    await step.run_tool(call, deploy, errors="raise")
+
+    asyncio.run(main())
+    assert tail(store)[-4:] == [("tool/call", "a", None), ("tool/result", "a", TOOL_OUTCOME_UNKNOWN),
+                                ("step/end", "error", None), ("turn/end", "error", None)]
+    assert_clean_after(store)
+
+
+def test_tool_calls_outside_a_step_are_refused(store: sessionlog.EventStore) -> None:
+    async def main() -> None:
+        async with store.writer() as writer:
+            step = writer.step("s1", turn="t1")
+            with pytest.raises(OutsideStep):
+                async with step.tool_call({"id": "a", "name": "deploy", "arguments": {}}):
+                    raise AssertionError("must not run")
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "turn/start", "user/message"]
+
+
+def test_example_agent_loop_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "agent_loop.py"
+    done = subprocess.run([sys.executable, str(example), str(tmp_path / "sessions")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    store = sessionlog.open_store(f"jsonl:{tmp_path / 'sessions'}")
+    (sid,) = store.sessions()
+    assert store.scan(sid).status == sessionlog.Status.CLEAN
+    records = list(store.read(sid))
+    types = [r["type"] for r in records]
+    assert types.count("llm/request") == types.count("llm/response") >= 2
+    results = [r for r in records if r["type"] == "tool/result"]
+    assert {r.get("code") for r in results} >= {None, "TOOL_ERROR", "TOOL_NOT_FOUND"}
+    for fmt in FORMATS:
+        view = project(records, fmt)
+        assert check_pairing(view.items, fmt) is None and view.issues == []
+    assert "final answer" in done.stdout
