@@ -1,0 +1,756 @@
+"""OpenAI Agents SDK: a ``Session`` that keeps the call when a run dies inside a tool.
+
+::
+
+    from sessionlog.integrations.openai_agents import SessionLogSession
+    session = SessionLogSession("conv-1", store="jsonl:/var/lib/agent/sessions")
+    result = await Runner.run(agent, "deploy 1.2.3", session=session, hooks=session.run_hooks())
+
+:class:`SessionLogSession` implements the SDK's ``Session`` protocol over any sessionlog
+store. Every item the Runner adds is kept verbatim in a record and comes back from
+``get_items()`` equal as a dict, in order. The items are also written in sessionlog's own
+vocabulary, so ``sessionlog scan``, ``repair`` and ``show`` understand the conversation:
+
+- a user message item is a ``user/message`` (``content``: its text; ``item``: the SDK item);
+- a model response (its reasoning, message and call items) is a ``step/start`` and an
+  ``assistant/message`` (``tool_calls``: its calls; ``items``: the SDK items);
+- a call's output item is a ``tool/result`` (``output``: its text; ``item``: the SDK item),
+  and ``step/end`` closes the step once every call of the response has its output;
+- any other item is an ``agents/item``; ``pop_item`` and ``clear_session`` append
+  ``agents/pop`` and ``agents/clear``: nothing is ever deleted.
+
+The Runner saves a turn's response and its tool outputs in one ``add_items`` *after* the
+tools ran. :meth:`SessionLogSession.run_hooks` closes that window: the response is recorded
+when it arrives (``on_llm_end``), each call's ``tool/call`` is durable before its body runs
+(``on_tool_start``) and its output when it returns (``on_tool_end``). Those records are
+provisional: the turn's own ``add_items`` settles them (one ``agents/items`` record that
+replaces them, so nothing is doubled). After a crash the session's next open repairs the
+log once (sessionlog's repair: ``TOOL_OUTCOME_UNKNOWN`` for a call that started,
+``TOOL_NOT_STARTED`` for one that did not) and ``get_items()`` returns every call with
+exactly one output after it.
+
+A response whose calls the Runner saves without their outputs paused the run for a human
+(approval): the calls get ``tool/approval`` ``requested``; ``approved`` is recorded when the
+tool then starts, ``rejected`` when the Runner saves an output for it that no tool produced.
+
+The session owns its sessionlog session (one writer) from its first use until
+:meth:`SessionLogSession.close`. Install with ``pip install 'sessionlog[agents]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+from agents.items import ItemHelpers, ModelResponse, TResponseInputItem
+from agents.lifecycle import RunHooks
+from agents.memory import SessionSettings
+from agents.run_context import RunContextWrapper
+from agents.tool_context import ToolContext
+
+import sessionlog
+
+__all__ = ["SessionLogSession", "SessionLogRunHooks", "Conversation"]
+
+# Record types this adapter adds to the core vocabulary (kept verbatim by the engine).
+AGENTS_ITEM = "agents/item"
+"""An SDK item the transcript does not model (a system message, a handoff, a hosted tool)."""
+AGENTS_ITEMS = "agents/items"
+"""The items of one ``add_items`` that settles records the run hooks wrote first."""
+AGENTS_POP = "agents/pop"
+"""``pop_item``: the latest item is no longer part of the conversation."""
+AGENTS_CLEAR = "agents/clear"
+"""``clear_session``: no earlier item is part of the conversation."""
+
+_CALL_OUTPUT_TYPES: dict[str, str] = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+}
+_OUTPUT_TYPES = frozenset(_CALL_OUTPUT_TYPES.values())
+_MODEL_ITEM_TYPES = frozenset({*_CALL_OUTPUT_TYPES, "reasoning"})
+
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+def _copy_items(items: Sequence[Any]) -> list[Any]:
+    """A detached JSON copy of ``items`` (what a record will hold), or InvalidEvent."""
+    try:
+        return _decode(_encode(list(items)))
+    except (msgspec.EncodeError, TypeError, ValueError) as exc:
+        raise sessionlog.InvalidEvent(f"session items are not JSON: {exc}") from exc
+
+
+# --- what an SDK item is, for the transcript -------------------------------------------
+
+
+def _kind(item: Any) -> str:
+    """``user``, ``model`` (part of a model response), ``output`` (a call's output) or
+    ``other``."""
+    if not isinstance(item, Mapping):
+        return "other"
+    type_ = item.get("type")
+    role = item.get("role")
+    if type_ in _OUTPUT_TYPES:
+        return "output"
+    if type_ in _MODEL_ITEM_TYPES or (role == "assistant" and type_ in (None, "message")):
+        return "model"
+    if role == "user" and type_ in (None, "message"):
+        return "user"
+    return "other"
+
+
+def _call_id(item: Any) -> str | None:
+    call_id = item.get("call_id") if isinstance(item, Mapping) else None
+    return call_id if isinstance(call_id, str) else None
+
+
+def _is_call(item: Any) -> bool:
+    return isinstance(item, Mapping) and item.get("type") in _CALL_OUTPUT_TYPES and _call_id(item) is not None
+
+
+def _text(content: Any) -> str:
+    """The text of a message's content (its text parts joined), else its JSON."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            part.get("text") if isinstance(part.get("text"), str) else part.get("refusal")
+            for part in content
+            if isinstance(part, Mapping)
+        ]
+        texts = [p for p in parts if isinstance(p, str)]
+        if texts:
+            return "".join(texts)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _arguments(item: Mapping[str, Any]) -> dict[str, Any]:
+    raw = item.get("arguments", item.get("input"))
+    if isinstance(raw, str):
+        try:
+            decoded = json.loads(raw)
+        except ValueError:
+            return {"arguments": raw}
+        return decoded if isinstance(decoded, dict) else {"arguments": decoded}
+    return raw if isinstance(raw, dict) else ({} if raw is None else {"arguments": raw})
+
+
+def _identity(item: Any) -> str:
+    """What makes two versions of an item the same item (call/output: type and call id)."""
+    if isinstance(item, Mapping):
+        call_id = _call_id(item)
+        type_ = item.get("type")
+        if call_id is not None and (type_ in _CALL_OUTPUT_TYPES or type_ in _OUTPUT_TYPES):
+            return f"{type_}:{call_id}"
+        item_id = item.get("id")
+        if isinstance(item_id, str):
+            return f"{type_}#{item_id}"
+    return _encode(item).decode()
+
+
+# --- the conversation a log holds (pure) ------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    name: str
+    output_type: str
+    started: bool = False  # a tool/call record exists
+    answered: bool = False  # a tool/result record exists
+    awaiting: bool = False  # its latest tool/approval is "requested"
+
+
+@dataclass(slots=True)
+class _Step:
+    turn: str
+    step: int
+    first_index: int  # where its items start in the conversation
+    calls: dict[str, _Call] = field(default_factory=dict)
+
+    def unanswered(self) -> list[_Call]:
+        return [c for c in self.calls.values() if not c.answered]
+
+    def copy(self) -> _Step:
+        return _Step(self.turn, self.step, self.first_index,
+                     {k: _Call(c.call_id, c.name, c.output_type, c.started, c.answered, c.awaiting)
+                      for k, c in self.calls.items()})
+
+
+class Conversation:
+    """The SDK items and the open step a session's records describe. Pure: feed it every
+    record in order (committed :class:`~sessionlog.Record` objects or dicts with ``seq``
+    and ``type``); :attr:`items` is what ``get_items()`` returns."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.turns = 0
+        self.step_number = 0
+        self.open_step: _Step | None = None
+        self.provisional_from: int | None = None  # index of the first unsettled hook item
+        self.provisional_seq: int | None = None  # seq of the record that holds it
+        self.last_seq = 0
+
+    @property
+    def turn(self) -> str:
+        return f"t{self.turns}"
+
+    def feed(self, record: Mapping[str, Any]) -> None:
+        type_ = record["type"]
+        seq = record["seq"]
+        self.last_seq = seq
+        if type_ == "user/message":
+            self.turns += 1
+            self.step_number = 0
+            self._add(record)
+        elif type_ == "step/start":
+            step = record.get("step")
+            self.step_number = step if isinstance(step, int) else self.step_number + 1
+            self.open_step = _Step(self.turn, self.step_number, len(self.items))
+        elif type_ == "assistant/message":
+            items = record.get("items")
+            step = self.open_step
+            if step is None or step.calls:
+                step = self.open_step = _Step(self.turn, self.step_number, len(self.items))
+            if isinstance(items, list):
+                types = {_call_id(i): _CALL_OUTPUT_TYPES[i["type"]] for i in items if _is_call(i)}
+                self._note_provisional(record, seq)
+                self.items.extend(items)
+            else:
+                types = {}
+            for req in record.get("tool_calls") or ():
+                if isinstance(req, Mapping) and isinstance(req.get("id"), str) and req["id"] not in step.calls:
+                    step.calls[req["id"]] = _Call(
+                        req["id"], str(req.get("name") or ""), types.get(req["id"], "function_call_output")
+                    )
+        elif type_ == "tool/call":
+            call = self._call(record)
+            if call is not None:
+                call.started = True
+        elif type_ == "tool/approval":
+            call = self._call(record)
+            if call is not None:
+                call.awaiting = record.get("state") == "requested"
+        elif type_ == "tool/result":
+            call = self._call(record)
+            if call is not None:
+                call.answered = True
+                call.awaiting = False
+            if "item" in record:
+                self._add(record)
+            elif record.get("synthetic") and not self._has_output(record.get("call_id")):
+                # sessionlog's repair answered the call: the SDK's output item for it.
+                self.items.append({
+                    "type": call.output_type if call is not None else "function_call_output",
+                    "call_id": record.get("call_id"),
+                    "output": record.get("output"),
+                })
+        elif type_ == "step/end":
+            self.open_step = None
+            self.provisional_from = self.provisional_seq = None
+        elif type_ == AGENTS_ITEM:
+            self._add(record)
+        elif type_ == AGENTS_ITEMS:
+            if record.get("replaces_from") is not None and self.provisional_from is not None:
+                del self.items[self.provisional_from:]
+            self.provisional_from = self.provisional_seq = None
+            self.items.extend(record.get("items") or ())
+        elif type_ == AGENTS_POP:
+            if self.items:
+                self.items.pop()
+            if self.provisional_from is not None and self.provisional_from > len(self.items):
+                self.provisional_from = len(self.items)
+        elif type_ == AGENTS_CLEAR:
+            self.items = []
+            if self.open_step is not None:
+                self.open_step.first_index = 0
+            self.provisional_from = self.provisional_seq = None
+
+    def _add(self, record: Mapping[str, Any]) -> None:
+        if "item" in record:
+            self._note_provisional(record, record["seq"])
+            self.items.append(record["item"])
+
+    def _note_provisional(self, record: Mapping[str, Any], seq: int) -> None:
+        if record.get("provisional") and self.provisional_from is None:
+            self.provisional_from = len(self.items)
+            self.provisional_seq = seq
+
+    def _call(self, record: Mapping[str, Any]) -> _Call | None:
+        call_id = record.get("call_id")
+        if self.open_step is None or not isinstance(call_id, str):
+            return None
+        return self.open_step.calls.get(call_id)
+
+    def _has_output(self, call_id: Any) -> bool:
+        start = self.open_step.first_index if self.open_step is not None else 0
+        return any(
+            isinstance(i, Mapping) and i.get("type") in _OUTPUT_TYPES and i.get("call_id") == call_id
+            for i in self.items[start:]
+        )
+
+    @property
+    def suspended(self) -> bool:
+        """The open step waits only for calls a human is deciding on."""
+        step = self.open_step
+        if step is None:
+            return False
+        unanswered = step.unanswered()
+        return bool(unanswered) and all(c.awaiting for c in unanswered)
+
+    @property
+    def needs_repair(self) -> bool:
+        """A step is open that no live run can be finishing: the writer died in it."""
+        return self.open_step is not None and not self.suspended
+
+    # -- planning the records of an operation (nothing is changed here) ------------------
+
+    def plan_add(self, batch: list[Any], *, hooks: bool) -> list[dict[str, Any]]:
+        """The records that add ``batch`` (already copied) to the conversation."""
+        return _AddPlan(self, batch, hooks=hooks).events
+
+    def plan_response(self, items: list[Any]) -> list[dict[str, Any]]:
+        """Records for a model response the run hooks saw (before its tools run)."""
+        calls = [i for i in items if _is_call(i)]
+        if not calls:
+            return []
+        events = self._close_answered_step()
+        step = self.step_number + 1
+        events.append({"type": "step/start", "turn": self.turn, "step": step})
+        events.append(_assistant_message(self.turn, step, items, calls, carry=True, provisional=True))
+        return events
+
+    def plan_tool_start(self, call_id: str, name: str, call_item: Any) -> list[dict[str, Any]]:
+        call = self._call({"call_id": call_id})
+        events: list[dict[str, Any]] = []
+        if call is None:
+            # A call the hooks did not see the response of: record it as its own step.
+            items = [call_item] if call_item is not None else [
+                {"type": "function_call", "call_id": call_id, "name": name, "arguments": "{}"}
+            ]
+            events = self.plan_response(items)
+            step = self.step_number + 1
+        else:
+            if call.started:
+                return []
+            step = self.open_step.step  # type: ignore[union-attr]
+            if call.awaiting:
+                events.append({"type": "tool/approval", "turn": self.turn, "step": step,
+                               "call_id": call_id, "state": "approved"})
+        events.append({"type": "tool/call", "turn": self.turn, "step": step, "call_id": call_id, "name": name})
+        return events
+
+    def plan_tool_end(self, call_id: str, name: str, item: Any) -> list[dict[str, Any]]:
+        call = self._call({"call_id": call_id})
+        if call is None or call.answered:
+            return []
+        return [{"type": "tool/result", "turn": self.turn, "step": self.open_step.step,  # type: ignore[union-attr]
+                 "call_id": call_id, "name": name, "output": _output_text(item), "is_error": False,
+                 "item": item, "provisional": True}]
+
+    def _close_answered_step(self) -> list[dict[str, Any]]:
+        step = self.open_step
+        if step is not None and not step.unanswered():
+            return [{"type": "step/end", "turn": step.turn, "step": step.step, "status": "completed"}]
+        return []
+
+
+def _as_item(value: Any) -> Any:
+    """An SDK object (a pydantic model) as the dict the Runner would save."""
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_unset=True) if callable(dump) else value
+
+
+def _output_text(item: Mapping[str, Any]) -> str:
+    output = item.get("output")
+    return output if isinstance(output, str) else _text(output)
+
+
+def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any], *,
+                       carry: bool, provisional: bool = False) -> dict[str, Any]:
+    texts = [_text(i.get("content")) for i in group
+             if isinstance(i, Mapping) and i.get("role") == "assistant" and i.get("content") is not None]
+    event: dict[str, Any] = {
+        "type": "assistant/message",
+        "turn": turn,
+        "step": step,
+        "content": "".join(texts) if texts else None,
+        "tool_calls": [
+            {"id": _call_id(c), "name": str(c.get("name") or c.get("type")), "arguments": _arguments(c)}
+            for c in calls
+        ],
+    }
+    if carry:
+        event["items"] = group
+    if provisional:
+        event["provisional"] = True
+    return event
+
+
+class _AddPlan:
+    """Turns one ``add_items`` batch into records (see the module docstring)."""
+
+    def __init__(self, conv: Conversation, batch: list[Any], *, hooks: bool) -> None:
+        self.hooks = hooks
+        self.turns = conv.turns
+        self.step_number = conv.step_number
+        self.step = conv.open_step.copy() if conv.open_step is not None else None
+        self.events: list[dict[str, Any]] = []
+        pending = conv.items[conv.provisional_from:] if conv.provisional_from is not None else []
+        ids = {_identity(i) for i in pending}
+        # The batch settles what the hooks wrote when it holds any of it: one record with
+        # the batch as the Runner gave it replaces the hooks' versions (atomic everywhere).
+        self.carry = not (pending and any(_identity(i) in ids for i in batch))
+        if not self.carry:
+            self.events.append({"type": AGENTS_ITEMS, "items": batch, "replaces_from": conv.provisional_seq})
+        self.outputs = {_call_id(i) for i in batch if _kind(i) == "output"}
+        group: list[Any] = []
+        for item in batch:
+            kind = _kind(item)
+            if kind == "model":
+                group.append(item)
+                continue
+            self.flush(group)
+            group = []
+            if kind == "user":
+                self.turns += 1
+                self.step_number = 0
+                event = {"type": "user/message", "turn": self.turn, "content": _text(item.get("content"))}
+                self.emit(event, item)
+            elif kind == "output":
+                self.answer(item)
+            elif self.carry:
+                self.events.append({"type": AGENTS_ITEM, "item": item})
+        self.flush(group)
+        self.finish()
+
+    @property
+    def turn(self) -> str:
+        return f"t{self.turns}"
+
+    def emit(self, event: dict[str, Any], item: Any) -> None:
+        if self.carry:
+            event["item"] = item
+        self.events.append(event)
+
+    def flush(self, group: list[Any]) -> None:
+        if not group:
+            return
+        calls = [i for i in group if _is_call(i)]
+        step = self.step
+        if step is not None and calls and all(_call_id(c) in step.calls for c in calls):
+            # The hooks recorded this response already.
+            if self.carry:
+                self.events.extend({"type": AGENTS_ITEM, "item": i} for i in group)
+            return
+        self.close_step()
+        self.step_number += 1
+        n = self.step_number
+        self.events.append({"type": "step/start", "turn": self.turn, "step": n})
+        self.events.append(_assistant_message(self.turn, n, group, calls, carry=self.carry))
+        if not calls:
+            self.events.append({"type": "step/end", "turn": self.turn, "step": n, "status": "completed"})
+            self.step = None
+            return
+        self.step = _Step(self.turn, n, 0, {
+            _call_id(c): _Call(_call_id(c), str(c.get("name") or ""), _CALL_OUTPUT_TYPES[c["type"]])  # type: ignore[misc]
+            for c in calls
+        })
+        if not self.hooks:
+            # These calls ran before the Runner saved them: their intent goes first, so a
+            # batch cut short never claims a call that ran did not start.
+            for call in self.step.calls.values():
+                if call.call_id in self.outputs:
+                    self.start(call)
+
+    def start(self, call: _Call) -> None:
+        assert self.step is not None
+        self.events.append({"type": "tool/call", "turn": self.step.turn, "step": self.step.step,
+                            "call_id": call.call_id, "name": call.name})
+        call.started = True
+
+    def answer(self, item: Any) -> None:
+        call_id = _call_id(item)
+        call = self.step.calls.get(call_id) if self.step is not None and call_id is not None else None
+        if call is None or call.answered:
+            # An output the transcript has already (the hooks wrote it) or none asked for.
+            if self.carry:
+                self.events.append({"type": AGENTS_ITEM, "item": item})
+            return
+        assert self.step is not None
+        if call.awaiting and not call.started and self.hooks:
+            # It was waiting for a human and no tool ran: the Runner saved the rejection.
+            self.events.append({"type": "tool/approval", "turn": self.step.turn, "step": self.step.step,
+                                "call_id": call.call_id, "state": "rejected"})
+        if not call.started and not self.hooks:
+            self.start(call)
+        event = {"type": "tool/result", "turn": self.step.turn, "step": self.step.step,
+                 "call_id": call.call_id, "name": call.name, "output": _output_text(item), "is_error": False}
+        self.emit(event, item)
+        call.answered = True
+        call.awaiting = False
+
+    def close_step(self) -> None:
+        step = self.step
+        if step is not None and not step.unanswered():
+            self.events.append({"type": "step/end", "turn": step.turn, "step": step.step, "status": "completed"})
+            self.step = None
+
+    def finish(self) -> None:
+        step = self.step
+        if step is None:
+            return
+        if not step.unanswered():
+            self.close_step()
+            return
+        for call in step.unanswered():
+            if not call.started and not call.awaiting:
+                # The Runner saved the response without this call's output: the run paused
+                # for a decision on it (an approval interruption).
+                self.events.append({"type": "tool/approval", "turn": step.turn, "step": step.step,
+                                    "call_id": call.call_id, "state": "requested"})
+                call.awaiting = True
+
+
+# --- the session -------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+class SessionLogSession:
+    """The OpenAI Agents SDK ``Session`` protocol over a sessionlog store.
+
+    ``store`` is a store URL (``jsonl:DIR``, ``zstd:DIR``, ``sqlite:///FILE``,
+    ``postgresql+psycopg://...``, ``memory:``) or an open :class:`sessionlog.EventStore`
+    (left open by :meth:`close`). The session is created on first use. From its first
+    use until :meth:`close` this object owns the sessionlog session (its single writer):
+    a second owner gets :class:`sessionlog.SessionLocked`. The first use after a crash
+    repairs the log once, durably (sessionlog's repair, never forced); a log whose damage
+    needs ``--force`` raises :class:`sessionlog.CorruptLog`.
+
+    Every method accepts the Runner's ``wrapper`` keyword (unused). Errors are
+    :class:`sessionlog.SessionLogError` subclasses.
+    """
+
+    session_settings: SessionSettings | None = None
+
+    def __init__(
+        self,
+        session_id: str,
+        store: str | sessionlog.EventStore,
+        *,
+        session_settings: SessionSettings | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        if isinstance(session_settings, Mapping):
+            session_settings = SessionSettings(**session_settings)
+        self.session_settings = session_settings if session_settings is not None else SessionSettings()
+        if isinstance(store, str):
+            self._store: sessionlog.EventStore = sessionlog.open_store(store)
+            self._owns_store = True
+        else:
+            self._store = store
+            self._owns_store = False
+        self._handle: sessionlog.SessionHandle | None = None
+        self._conversation = Conversation()
+        self._lock = threading.Lock()
+        self._hooks = False
+        self._closed = False
+
+    # -- the Session protocol ---------------------------------------------------------
+
+    async def get_items(self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None,
+                        ) -> list[TResponseInputItem]:
+        """The conversation's items in order; with ``limit`` (or ``session_settings.limit``)
+        the latest ``limit`` of them, still in order (0: none; negative: all)."""
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+
+        def read() -> list[Any]:
+            items = self._conversation.items
+            if limit is not None and limit >= 0:
+                items = items[len(items) - limit:] if limit else []
+            return _copy_items(items)
+
+        return await self._run(read)
+
+    async def add_items(self, items: list[TResponseInputItem], *,
+                        wrapper: RunContextWrapper[Any] | None = None) -> None:
+        """Append ``items`` durably (one batch, durable on return)."""
+        batch = _copy_items(items)
+        if not batch:
+            self._check_open()
+            return
+        await self._run(lambda: self._append(self._conversation.plan_add(batch, hooks=self._hooks)))
+
+    async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
+        """Remove the latest item from the conversation and return it (None when empty).
+        The log keeps it: an ``agents/pop`` record is appended."""
+
+        def pop() -> Any:
+            items = self._conversation.items
+            if not items:
+                return None
+            item = _copy_items(items[-1:])[0]
+            self._append([{"type": AGENTS_POP, "removed": item}])
+            return item
+
+        return await self._run(pop)
+
+    async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
+        """Start the conversation over. The log keeps its history: an ``agents/clear``
+        record is appended."""
+        await self._run(lambda: self._append([{"type": AGENTS_CLEAR}]))
+
+    # -- run hooks ------------------------------------------------------------------------
+
+    def run_hooks(self, inner: RunHooks[Any] | None = None) -> SessionLogRunHooks:
+        """The SDK ``RunHooks`` that record a response's calls before their tools run
+        (pass them as ``hooks=`` to every run of this session); ``inner`` (your own hooks)
+        is called after each of them."""
+        self._hooks = True
+        return SessionLogRunHooks(self, inner)
+
+    async def _record_response(self, response: ModelResponse) -> None:
+        items = _copy_items([_as_item(i) for i in response.to_input_items()])
+        await self._run(lambda: self._append(self._conversation.plan_response(items)))
+
+    async def _record_tool_start(self, context: RunContextWrapper[Any]) -> None:
+        if not isinstance(context, ToolContext):
+            return  # only function tools carry the call they run
+        call = context.tool_call
+        call_item = _copy_items([_as_item(call)])[0] if call is not None else None
+        call_id, name = context.tool_call_id, context.tool_name
+        await self._run(lambda: self._append(self._conversation.plan_tool_start(call_id, name, call_item)))
+
+    async def _record_tool_end(self, context: RunContextWrapper[Any], result: object) -> None:
+        if not isinstance(context, ToolContext):
+            return
+        if context.tool_call is not None:
+            item = ItemHelpers.tool_call_output_item(context.tool_call, result)
+        else:
+            item = {"type": "function_call_output", "call_id": context.tool_call_id, "output": str(result)}
+        output = _copy_items([_as_item(item)])[0]
+        call_id, name = context.tool_call_id, context.tool_name
+        await self._run(lambda: self._append(self._conversation.plan_tool_end(call_id, name, output)))
+
+    # -- ownership ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the sessionlog session (and the store, when opened from a URL)."""
+        with self._lock:
+            self._closed = True
+            handle, self._handle = self._handle, None
+            if handle is not None:
+                handle.close()
+            if self._owns_store:
+                self._store.close()
+
+    async def __aenter__(self) -> SessionLogSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __enter__(self) -> SessionLogSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise sessionlog.StoreClosed(f"session {self.session_id!r} is closed")
+
+    async def _run(self, operation: Callable[[], _T]) -> _T:
+        """Run ``operation`` in a worker thread, alone, with the session open."""
+
+        def locked() -> _T:
+            with self._lock:
+                self._check_open()
+                if self._handle is None:
+                    self._open()
+                return operation()
+
+        return await asyncio.to_thread(locked)
+
+    def _open(self) -> None:
+        store, sid = self._store, self.session_id
+        conversation = Conversation()
+        try:
+            handle = store.session(sid, create=True)
+        except sessionlog.CorruptLog:
+            handle = store.session(sid, repair=True)
+        try:
+            for record in handle.records():
+                conversation.feed(record)
+            if conversation.needs_repair:
+                # The last writer died inside a step: answer its calls once, durably.
+                handle.close()
+                handle = store.session(sid, repair=True)
+                for record in handle.records(conversation.last_seq):
+                    conversation.feed(record)
+        except BaseException:
+            handle.close()
+            raise
+        self._handle, self._conversation = handle, conversation
+
+    def _append(self, events: list[dict[str, Any]]) -> None:
+        """Append ``events`` as one durable batch and account for them."""
+        if not events:
+            return
+        assert self._handle is not None
+        last = self._handle.append(events)
+        first = last - len(events) + 1
+        for offset, event in enumerate(events):
+            self._conversation.feed({**event, "seq": first + offset})
+
+
+class SessionLogRunHooks(RunHooks[Any]):
+    """Run hooks that make a response's calls durable before their tools run. Made by
+    :meth:`SessionLogSession.run_hooks`; ``inner`` hooks are called after each."""
+
+    def __init__(self, session: SessionLogSession, inner: RunHooks[Any] | None = None) -> None:
+        self.session = session
+        self.inner = inner
+
+    async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_llm_start(context, agent, system_prompt, input_items)
+
+    async def on_llm_end(self, context: Any, agent: Any, response: ModelResponse) -> None:
+        await self.session._record_response(response)
+        if self.inner is not None:
+            await self.inner.on_llm_end(context, agent, response)
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_agent_start(context, agent)
+
+    async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_agent_end(context, agent, output)
+
+    async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_handoff(context, from_agent, to_agent)
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        await self.session._record_tool_start(context)
+        if self.inner is not None:
+            await self.inner.on_tool_start(context, agent, tool)
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
+        await self.session._record_tool_end(context, result)
+        if self.inner is not None:
+            await self.inner.on_tool_end(context, agent, tool, result)
