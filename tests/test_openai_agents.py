@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,13 @@ import pytest
 
 agents = pytest.importorskip("agents")
 
-from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
+from agents import Agent, RunConfig, Runner, RunState, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
 from agents.memory import Session, SessionSettings  # noqa: E402
-from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 from postgres import postgres_schema_url  # noqa: E402
 
 import sessionlog  # noqa: E402
+from sessionlog.delivery import delivery_state  # noqa: E402
 from sessionlog.integrations.openai_agents import SessionLogSession  # noqa: E402
 
 set_tracing_disabled(True)  # no network, not even for traces
@@ -359,3 +361,266 @@ def test_a_conversation_resumes_in_a_new_process(store_url: str, tmp_path: Path,
     later_inputs, items = asyncio.run(second_turn())
     assert first_inputs + later_inputs == want_inputs
     assert items == want_items
+
+
+# --- a run killed inside a tool body ------------------------------------------------------
+
+CHILD_KILLED_IN_TOOL = """
+import asyncio, os, sys, time
+sys.path.insert(0, {tests!r})
+import test_openai_agents as t
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents.tool_guardrails import ToolGuardrailFunctionOutput, tool_input_guardrail
+from sessionlog.integrations.openai_agents import SessionLogSession
+
+set_tracing_disabled(True)
+
+@function_tool
+def deploy(version: str) -> str:
+    \"\"\"Deploy a version.\"\"\"
+    with open({effect!r}, "a") as f:  # the side effect happens...
+        f.write("deployed " + version + "\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    open({ready!r}, "w").close()
+    time.sleep(3600)  # ...and the process is killed before the tool returns
+    return "deployed " + version
+
+@tool_input_guardrail
+async def hold(data):
+    await asyncio.sleep(3600)  # notify never gets past its guardrail: it never starts
+    return ToolGuardrailFunctionOutput.allow()
+
+@function_tool(tool_input_guardrails=[hold])
+def notify(who: str) -> str:
+    \"\"\"Notify someone.\"\"\"
+    return "notified " + who
+
+async def main():
+    session = SessionLogSession("conv", store={url!r})
+    model = t.Scripted(t.script()[:2])
+    agent = Agent(name="ops", instructions="Be brief.", model=model, tools=[deploy, notify])
+    await Runner.run(agent, t.TURNS[0], session=session, hooks=session.run_hooks())
+
+asyncio.run(main())
+"""
+
+
+def outputs_by_call(items: list[Any]) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for item in items:
+        if item.get("type") == "function_call_output":
+            found.setdefault(item["call_id"], []).append(item["output"])
+    return found
+
+
+@pytest.mark.kill
+def test_a_run_killed_inside_a_tool_keeps_the_call_and_says_its_outcome_is_unknown(
+        store_url: str, tmp_path: Path) -> None:
+    effect, ready = tmp_path / "effect.txt", tmp_path / "ready"
+    code = CHILD_KILLED_IN_TOOL.format(tests=str(TESTS), url=store_url, effect=str(effect), ready=str(ready))
+    env = {**os.environ, "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(1200):
+            if ready.exists() or child.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert ready.exists(), child.communicate()[1].decode()
+    finally:
+        child.kill()  # SIGKILL, inside the tool body
+        child.wait()
+    assert effect.read_text() == "deployed 1.2.3\n"  # the side effect happened
+
+    with sessionlog.open_store(store_url) as store:
+        scan = store.scan("conv")
+        assert scan.status == sessionlog.Status.REPAIRABLE
+        assert scan.unanswered_calls == ["c1", "c2"]
+
+        async def resume() -> tuple[list[Any], list[Any]]:
+            session = SessionLogSession("conv", store=store)
+            items = await session.get_items()
+            model = Scripted([[assistant_message("I will check the deploy before anything else", item_id="m9")]])
+            await Runner.run(make_agent(model), "what happened?", session=session, hooks=session.run_hooks())
+            session.close()
+            return items, model.inputs
+
+        items, inputs = asyncio.run(resume())
+        assert [i.get("call_id") for i in items if i.get("type") == "function_call"] == ["c1", "c2"]
+        outputs = outputs_by_call(items)
+        assert sorted(outputs) == ["c1", "c2"] and all(len(v) == 1 for v in outputs.values())
+        assert outputs["c1"][0].startswith(sessionlog.TOOL_OUTCOME_UNKNOWN)
+        assert outputs["c2"][0].startswith(sessionlog.TOOL_NOT_STARTED)
+        # Placed as the Responses API requires: every output after its call.
+        position = {(i.get("type"), i.get("call_id")): n for n, i in enumerate(items)}
+        for call_id in ("c1", "c2"):
+            assert position[("function_call", call_id)] < position[("function_call_output", call_id)]
+        # The next model request carries them (the SDK would drop an unpaired call).
+        sent = outputs_by_call(inputs[0])
+        assert sent["c1"][0].startswith(sessionlog.TOOL_OUTCOME_UNKNOWN)
+        assert sent["c2"][0].startswith(sessionlog.TOOL_NOT_STARTED)
+
+        # The repair was recorded once, durably: opening again writes nothing more.
+        synthetic = [r for r in records(store, "conv") if r.get("synthetic")]
+        assert [r["call_id"] for r in synthetic if r["type"] == "tool/result"] == ["c1", "c2"]
+
+        async def reopen() -> list[Any]:
+            session = SessionLogSession("conv", store=store)
+            got = await session.get_items()
+            session.close()
+            return got
+
+        before = store.scan("conv").last_seq
+        again = asyncio.run(reopen())
+        assert store.scan("conv").last_seq == before
+        assert store.scan("conv").status == sessionlog.Status.CLEAN
+        assert again[:len(items)] == items  # the repaired history stays as it was read
+
+
+# --- human approvals: the scenario of openai-agents-python #4947 ----------------------------
+
+
+def _gated_deploy(version: str) -> str:
+    """Deploy a version (a human approves each call)."""
+    return f"deployed {version}"
+
+
+gated_deploy = function_tool(_gated_deploy, name_override="deploy", needs_approval=True)
+
+
+def approval_script(staged: bool) -> list[Any]:
+    """One response asks for a call that needs approval and one to a tool that does not
+    exist (answered locally with an error); with ``staged`` the next response asks for a
+    second approval before the final answer."""
+    steps: list[Any] = [ModelStep(output=[function_call("deploy", {"version": "1.2.3"}, call_id="c1"),
+                                          function_call("rollback_everything", {}, call_id="c2")],
+                                  response_id="resp-1")]
+    if staged:
+        steps.append(ModelStep(output=[function_call("deploy", {"version": "1.2.4"}, call_id="c3")],
+                               response_id="resp-2"))
+    steps.append(ModelStep(output=[assistant_message("both deployed", item_id="m1")], response_id="resp-3"))
+    return steps
+
+
+async def approval_run(steps: list[Any], *, server_managed: bool, open_session: Any = None,
+                       on_pause: Any = None) -> tuple[list[Any], Any]:
+    """Run until the final answer, approving every interruption after serializing the run
+    state to JSON and loading it back (with a fresh session object when there is one)."""
+    model = Scripted(steps)
+    agent = Agent(name="ops", instructions="Be brief.", model=model, tools=[gated_deploy])
+    config = RunConfig(tool_not_found_behavior="return_error_to_model")
+    session = open_session() if open_session is not None else None
+    hooks = getattr(session, "run_hooks", lambda: None)()
+    extra: dict[str, Any] = {"auto_previous_response_id": True} if server_managed else {"session": session}
+    result = await Runner.run(agent, "deploy 1.2.3 and roll back", run_config=config, hooks=hooks, **extra)
+    while result.interruptions:
+        saved = result.to_state().to_json()
+        if server_managed and session is not None:
+            await session.record_pause(result)
+        if session is not None:
+            session.close()
+        if on_pause is not None:
+            await on_pause()
+        state = await RunState.from_json(agent, saved)
+        for item in state.get_interruptions():
+            state.approve(item)
+        session = open_session() if open_session is not None else None
+        hooks = getattr(session, "run_hooks", lambda: None)()
+        if not server_managed:
+            extra = {"session": session}
+        result = await Runner.run(agent, state, run_config=config, hooks=hooks, **extra)
+    if session is not None:
+        session.close()
+    assert result.final_output == "both deployed"
+    return model.inputs, model.calls
+
+
+def sent_outputs(inputs: list[Any]) -> list[list[str]]:
+    """Per request, the call ids of the outputs it carried."""
+    return [[i["call_id"] for i in request if isinstance(i, dict) and i.get("type") == "function_call_output"]
+            for request in inputs]
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["one-approval", "two-staged-approvals"])
+def test_approval_pause_and_resume_with_the_session(store: sessionlog.EventStore, tmp_path: Path,
+                                                    staged: bool) -> None:
+    calls = ["c1", "c2", "c3"] if staged else ["c1", "c2"]
+    paused: list[list[dict[str, Any]]] = []
+
+    async def on_pause() -> None:
+        # What the log says while a human decides: the call awaits approval, the unknown
+        # tool's error is there and owed to the model; opening the session repairs nothing.
+        paused.append(records(store, "conv"))
+        probe = SessionLogSession("conv", store=store)
+        await probe.get_items()
+        probe.close()
+        assert records(store, "conv") == paused[-1]
+
+    inputs, _ = asyncio.run(approval_run(approval_script(staged), server_managed=False,
+                                         open_session=lambda: SessionLogSession("conv", store=store),
+                                         on_pause=on_pause))
+    assert len(paused) == (2 if staged else 1)
+    first = paused[0]
+    approvals = [(r["call_id"], r["state"]) for r in first if r["type"] == "tool/approval"]
+    assert approvals == [("c1", "requested")]
+    assert [r["call_id"] for r in first if r["type"] == "tool/result"] == ["c2"]
+    assert not any(r.get("synthetic") for r in first)
+    owed = delivery_state(first)
+    assert [p.call_id for p in owed.pending] == ["c2"] and owed.awaiting == ["c1"]
+
+    # Every output reaches the model, once in each request that carries history.
+    per_request = sent_outputs(inputs)
+    assert all(len(ids) == len(set(ids)) for ids in per_request)
+    assert sorted(set(sum(per_request, []))) == calls
+    # Exactly what the SDK's own SQLiteSession would have sent.
+    db = str(tmp_path / "reference.db")
+    want, _ = asyncio.run(approval_run(approval_script(staged), server_managed=False,
+                                       open_session=lambda: SQLiteSession("reference", db)))
+    assert inputs == want
+
+    recs = records(store, "conv")
+    assert store.scan("conv").status == sessionlog.Status.CLEAN
+    assert sorted(r["call_id"] for r in recs if r["type"] == "tool/result") == calls
+    states = [(r["call_id"], r["state"]) for r in recs if r["type"] == "tool/approval"]
+    gated = ["c1", "c3"] if staged else ["c1"]
+    assert states == [(c, s) for c in gated for s in ("requested", "approved")]
+    for call_id in gated:  # approved, then the durable intent, then the result
+        order = [r["type"] for r in recs if r.get("call_id") == call_id]
+        assert order[-3:] == ["tool/approval", "tool/call", "tool/result"]
+    # Each result was carried by a request the model answered: nothing is owed.
+    assert all(r["type"] != "llm/request" or isinstance(r["results"], list) for r in recs)
+    assert delivery_state(recs).pending == []
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["one-approval", "two-staged-approvals"])
+def test_approval_resume_with_server_managed_state_delivers_each_output_once(
+        store: sessionlog.EventStore, staged: bool) -> None:
+    calls = ["c1", "c2", "c3"] if staged else ["c1", "c2"]
+    paused: list[list[dict[str, Any]]] = []
+
+    async def on_pause() -> None:
+        paused.append(records(store, "conv"))
+        probe = SessionLogSession("conv", store=store)
+        await probe.get_items()  # opening while a human decides repairs nothing
+        probe.close()
+        assert records(store, "conv") == paused[-1]
+
+    # The SDK refuses a Session together with server-managed state: the run hooks (and
+    # record_pause) record the calls, their results and what each request carried.
+    inputs, model_calls = asyncio.run(approval_run(
+        approval_script(staged), server_managed=True,
+        open_session=lambda: SessionLogSession("conv", store=store), on_pause=on_pause))
+    owed = delivery_state(paused[0])
+    assert [p.call_id for p in owed.pending] == ["c2"] and owed.awaiting == ["c1"]
+    assert not any(r.get("synthetic") for r in paused[-1])
+    assert [c.previous_response_id for c in model_calls][1:] == (
+        ["resp-1", "resp-2"] if staged else ["resp-1"])
+    # Every output reaches the model exactly once over the whole run.
+    assert sorted(sum(sent_outputs(inputs), [])) == calls
+    recs = records(store, "conv")
+    carried = [c for r in recs if r["type"] == "llm/request" for c in r["results"]]
+    assert sorted(carried) == calls
+    results = {r["call_id"]: r["output"] for r in recs if r["type"] == "tool/result"}
+    assert sorted(results) == calls and "not found" in results["c2"]
+    assert delivery_state(recs).pending == []

@@ -200,6 +200,8 @@ class Conversation:
         self.provisional_from: int | None = None  # index of the first unsettled hook item
         self.provisional_seq: int | None = None  # seq of the record that holds it
         self.last_seq = 0
+        self.latest_calls: dict[str, _Call] = {}  # the latest assistant message's calls
+        self.request: str | None = None  # an llm/request without its llm/response yet
 
     @property
     def turn(self) -> str:
@@ -233,6 +235,7 @@ class Conversation:
                     step.calls[req["id"]] = _Call(
                         req["id"], str(req.get("name") or ""), types.get(req["id"], "function_call_output")
                     )
+            self.latest_calls = step.calls
         elif type_ == "tool/call":
             call = self._call(record)
             if call is not None:
@@ -270,6 +273,10 @@ class Conversation:
                 self.items.pop()
             if self.provisional_from is not None and self.provisional_from > len(self.items):
                 self.provisional_from = len(self.items)
+        elif type_ == "llm/request":
+            self.request = record.get("request")
+        elif type_ == "llm/response":
+            self.request = None
         elif type_ == AGENTS_CLEAR:
             self.items = []
             if self.open_step is not None:
@@ -319,11 +326,66 @@ class Conversation:
         """The records that add ``batch`` (already copied) to the conversation."""
         return _AddPlan(self, batch, hooks=hooks).events
 
-    def plan_response(self, items: list[Any]) -> list[dict[str, Any]]:
-        """Records for a model response the run hooks saw (before its tools run)."""
-        calls = [i for i in items if _is_call(i)]
-        if not calls:
+    def plan_request(self, input_items: list[Any]) -> list[dict[str, Any]]:
+        """Records for a model request about to be sent with ``input_items``: the outputs
+        it carries that the transcript does not have yet (a locally produced error for an
+        unknown tool, when no session saved it), then ``llm/request`` naming the latest
+        assistant message's results it carries (what sessionlog's delivery tracking reads)."""
+        events: list[dict[str, Any]] = []
+        carried: list[str] = []
+        step = self.open_step
+        for item in input_items:
+            call_id = _call_id(item)
+            call = self.latest_calls.get(call_id) if _kind(item) == "output" and call_id else None
+            if call is None or call.call_id in carried:
+                continue
+            carried.append(call.call_id)
+            if not call.answered and step is not None and call.call_id in step.calls:
+                events.append({"type": "tool/result", "turn": step.turn, "step": step.step,
+                               "call_id": call.call_id, "name": call.name, "output": _output_text(item),
+                               "is_error": False})
+        if step is not None and step.calls and len(events) == len(step.unanswered()):
+            # Every call of the open step is answered and the Runner moved on.
+            events.append({"type": "step/end", "turn": step.turn, "step": step.step, "status": "completed"})
+        request = f"r{self.last_seq + len(events) + 1}"
+        events.append({"type": "llm/request", "turn": self.turn, "request": request, "results": carried})
+        return events
+
+    def plan_pause(self, outputs: list[Any], awaiting: list[str]) -> list[dict[str, Any]]:
+        """Records for a run that returned interruptions: the outputs it produced that the
+        transcript lacks, and ``tool/approval`` ``requested`` for the calls it paused on."""
+        step = self.open_step
+        if step is None:
             return []
+        events: list[dict[str, Any]] = []
+        for item in outputs:
+            call = step.calls.get(_call_id(item) or "")
+            if call is not None and not call.answered and all(e.get("call_id") != call.call_id for e in events):
+                events.append({"type": "tool/result", "turn": step.turn, "step": step.step,
+                               "call_id": call.call_id, "name": call.name, "output": _output_text(item),
+                               "is_error": False})
+        for call_id in awaiting:
+            call = step.calls.get(call_id)
+            if call is not None and not (call.answered or call.started or call.awaiting):
+                events.append({"type": "tool/approval", "turn": step.turn, "step": step.step,
+                               "call_id": call_id, "state": "requested"})
+        return events
+
+    def plan_response(self, items: list[Any], response_id: str | None = None) -> list[dict[str, Any]]:
+        """Records for a model response the run hooks saw (before its tools run):
+        ``llm/response`` for the pending request, and the response's calls as a new step."""
+        events: list[dict[str, Any]] = []
+        if self.request is not None:
+            event: dict[str, Any] = {"type": "llm/response", "turn": self.turn, "request": self.request}
+            if response_id is not None:
+                event["response_id"] = response_id
+            events.append(event)
+        calls = [i for i in items if _is_call(i)]
+        if calls:
+            events += self._plan_step(items, calls)
+        return events
+
+    def _plan_step(self, items: list[Any], calls: list[Any]) -> list[dict[str, Any]]:
         events = self._close_answered_step()
         step = self.step_number + 1
         events.append({"type": "step/start", "turn": self.turn, "step": step})
@@ -338,7 +400,7 @@ class Conversation:
             items = [call_item] if call_item is not None else [
                 {"type": "function_call", "call_id": call_id, "name": name, "arguments": "{}"}
             ]
-            events = self.plan_response(items)
+            events = self._plan_step(items, items)
             step = self.step_number + 1
         else:
             if call.started:
@@ -621,9 +683,27 @@ class SessionLogSession:
         self._hooks = True
         return SessionLogRunHooks(self, inner)
 
+    async def record_pause(self, result: Any) -> None:
+        """Record that ``result`` (a ``RunResult`` with ``interruptions``) paused the run
+        for approvals. Only needed when the run has no ``session=`` (server-managed
+        conversation state, where the SDK refuses a Session): the outputs the run produced
+        locally and the calls awaiting a decision become durable, so reopening the session
+        while a human decides repairs nothing. With ``session=`` the Runner's own
+        ``add_items`` records the same and this is a no-op."""
+        outputs = _copy_items([_as_item(getattr(i, "raw_item", None)) for i in getattr(result, "new_items", ())
+                               if getattr(i, "type", None) == "tool_call_output_item"])
+        awaiting = [call_id for i in getattr(result, "interruptions", ())
+                    if (call_id := _call_id(_as_item(getattr(i, "raw_item", None)))) is not None]
+        await self._run(lambda: self._append(self._conversation.plan_pause(outputs, awaiting)))
+
+    async def _record_request(self, input_items: list[Any]) -> None:
+        items = _copy_items([_as_item(i) for i in input_items])
+        await self._run(lambda: self._append(self._conversation.plan_request(items)))
+
     async def _record_response(self, response: ModelResponse) -> None:
         items = _copy_items([_as_item(i) for i in response.to_input_items()])
-        await self._run(lambda: self._append(self._conversation.plan_response(items)))
+        response_id = response.response_id
+        await self._run(lambda: self._append(self._conversation.plan_response(items, response_id)))
 
     async def _record_tool_start(self, context: RunContextWrapper[Any]) -> None:
         if not isinstance(context, ToolContext):
@@ -725,6 +805,7 @@ class SessionLogRunHooks(RunHooks[Any]):
         self.inner = inner
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
+        await self.session._record_request(list(input_items))
         if self.inner is not None:
             await self.inner.on_llm_start(context, agent, system_prompt, input_items)
 
