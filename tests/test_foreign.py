@@ -289,10 +289,10 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
         if i not in plan.drop:
             got = next(new)
             if i in plan.replace:
-                was, now = json.loads(raw), json.loads(got)
+                was, now = json.loads(raw[plan.cut.get(i, 0):]), json.loads(got)
                 assert set(was) == set(now)
                 assert {k for k in was if was[k] != now[k]} <= {"parentUuid", "message"}
-                assert exam.format.name == "claude-code"
+                assert exam.format.name == "claude-code" or (i in plan.cut and got.rstrip(b"\n") == raw[plan.cut[i]:].rstrip(b"\n"))
             elif i == plan.terminate:
                 assert got == raw + b"\n"
             else:
@@ -334,9 +334,14 @@ def check_repair(fmt: foreign.ForeignFormat, data: bytes, *, force: bool = True)
     pairs_every_call_once(fmt, after)
     again = foreign.examine(after, fmt, force=force)
     assert again.plan.empty, [f.detail for f in again.findings]  # a second repair changes nothing
-    if exam.plan.drop:
-        dropped = b"".join(exam.lines[i].raw for i in sorted(exam.plan.drop))
-        assert len(dropped) == sum(len(exam.lines[i].raw) for i in exam.plan.drop)
+    # What the plan removes is exactly what the quarantine file gets: every removed byte
+    # is either in the new file or in the quarantine.
+    removed = b"".join(exam.plan.quarantined(exam.lines))
+    cut_total = sum(len(exam.lines[i].raw) for i in exam.plan.drop) + sum(
+        torn for i, torn in exam.plan.cut.items() if i not in exam.plan.drop)
+    assert len(removed) == cut_total
+    for i, torn in exam.plan.cut.items():
+        assert exam.lines[i].raw[:torn] in removed
     return exam
 
 
@@ -371,7 +376,7 @@ def damaged_files(draw):
     for _ in range(draw(st.integers(0, 3))):
         if not lines:
             break
-        op = draw(st.sampled_from(["drop", "duplicate", "swap", "flip"]))
+        op = draw(st.sampled_from(["drop", "duplicate", "swap", "flip", "glue"]))
         i = draw(st.integers(0, len(lines) - 1))
         if op == "drop":
             del lines[i]
@@ -379,6 +384,10 @@ def damaged_files(draw):
             lines.insert(i, lines[i])
         elif op == "swap" and i + 1 < len(lines):
             lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        elif op == "glue" and i + 1 < len(lines):
+            # A torn write, then a later append glued onto it.
+            torn = lines[i][: draw(st.integers(1, max(1, len(lines[i]) - 2)))]
+            lines[i: i + 2] = [torn + lines[i + 1]]
         elif op == "flip":
             raw = bytearray(lines[i])
             j = draw(st.integers(0, max(0, len(raw) - 2)))
@@ -394,3 +403,21 @@ def damaged_files(draw):
 def test_property_any_damage_repairs_to_a_paired_file_keeping_untouched_lines(case):
     path, data = case
     check_repair(fmt_of(path), data, force=True)
+
+
+@pytest.mark.parametrize("path", [os.path.join(CLAUDE, "dangling-call.jsonl"), os.path.join(CODEX, "dangling-call.jsonl")],
+                         ids=["claude-code", "codex"])
+def test_a_write_glued_onto_a_torn_line_keeps_the_entry(path):
+    fmt = fmt_of(path)
+    lines = raw_lines(load(path))
+    at = len(lines) - 3
+    torn = lines[at][:37]
+    glued = lines[:at] + [torn + lines[at + 1]] + lines[at + 2:]
+    data = b"".join(glued)
+    exam = foreign.examine(data, fmt)
+    assert exam.status() is Status.REPAIRABLE  # not mid-log: nothing decodable is lost
+    assert [f.kind for f in exam.findings if f.kind == "glued-line"] == ["glued-line"]
+    assert exam.plan.quarantined(exam.lines) == [torn]
+    after = raw_lines(exam.repaired())
+    assert lines[at + 1] in after or fmt.name == "claude-code"  # the entry stays (maybe re-parented)
+    check_repair(fmt, data, force=False)

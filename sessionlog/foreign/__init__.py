@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..contract import Damage, Status
-from .lines import Line, LineDamage, classify, split_lines
-from .plan import Analysis, Finding, Plan, apply
+from .lines import Line, LineDamage, classify, split_lines, unglue
+from .plan import GLUED_LINE, Analysis, Finding, Plan, apply
 
 FORMATS: dict[str, str] = {
     "claude-code": "sessionlog.foreign.claude_code",
@@ -121,18 +121,36 @@ class Examination:
 
 
 def examine(data: bytes, fmt: ForeignFormat, *, force: bool = False) -> Examination:
-    """Examine ``data`` as ``fmt``: pure. The plan quarantines the undecodable tail always
-    and mid-log lines only with ``force``; a repair without force refuses mid-log damage."""
+    """Examine ``data`` as ``fmt``: pure. The plan quarantines the undecodable tail and the
+    torn prefix of glued lines always, mid-log lines only with ``force``; a repair without
+    force refuses mid-log damage. The format analyzes the lines as they will be (a glued
+    line as the entry it ends with)."""
     lines = split_lines(data)
-    damage = classify(lines)
-    analysis = fmt.analyze(lines)
+    view = list(lines)
+    cut: dict[int, int] = {}
+    for line in lines:
+        if line.obj is None and not line.blank:
+            found = unglue(line.raw, lambda obj: fmt.sniff([obj], b""))
+            if found is not None:
+                torn, obj = found
+                cut[line.index] = torn
+                view[line.index] = Line(line.index, line.offset + torn, line.raw[torn:], obj)
+    damage = classify(view)
+    analysis = fmt.analyze(view)
     plan = analysis.plan
+    for index, torn in cut.items():
+        plan.cut[index] = torn
+        plan.replace.setdefault(index, view[index].raw)
+        analysis.findings.append(Finding(
+            GLUED_LINE, lines[index].number,
+            f"the line starts with {torn} torn byte(s) of an earlier write that a later entry was glued "
+            "onto; repair moves them to the quarantine file and keeps the entry"))
     for line in damage.tail:
         plan.drop[line.index] = str(damage.tail_kind)
     if force:
         for line in damage.mid_log:
             plan.drop[line.index] = "mid-log"
-    last = lines[-1] if lines else None
+    last = view[-1] if view else None
     if last is not None and last.obj is not None and not last.terminated:
         plan.terminate = last.index
         analysis.findings.append(Finding("missing-newline", last.number,

@@ -286,7 +286,7 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
                        "it with the file); nothing written")
             return row, exits.ERROR
         plan = exam.plan
-        row.update(status="repaired", truncated_bytes=sum(len(exam.lines[i].raw) for i in plan.drop),
+        row.update(status="repaired", truncated_bytes=sum(map(len, plan.quarantined(exam.lines))),
                    appended=list(plan.added), changed_lines=plan.changed_lines())
         if not dry_run:
             written = write_repair(snap, exam)

@@ -132,11 +132,11 @@ def write_repair(snapshot: Snapshot, exam: Examination, fs: FileSystem = OS) -> 
         backup = backup_name(name)
         publish_new(fs, directory, backup, [snapshot.data])
         quarantine = None
-        dropped = sorted(plan.drop)
-        if dropped:
-            first = exam.lines[dropped[0]]
-            quarantine = quarantine_name(name, first.offset, plan.drop[dropped[0]])
-            publish_new(fs, directory, quarantine, [exam.lines[i].raw for i in dropped])
+        removed = sorted(set(plan.drop) | set(plan.cut))
+        if removed:
+            first = removed[0]
+            quarantine = quarantine_name(name, exam.lines[first].offset, plan.drop.get(first, "torn"))
+            publish_new(fs, directory, quarantine, plan.quarantined(exam.lines))
         if plan.appends_only(exam.lines):
             fd = fs.open(path, os.O_WRONLY | os.O_APPEND | O_NOFOLLOW)
             try:

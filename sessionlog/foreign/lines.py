@@ -13,15 +13,26 @@ the damage kinds of sessionlog's own logs:
   tool relied on, so only ``repair --force`` removes it (quarantined as well).
 
 A last line that decodes but lacks its ``\\n`` is complete: repair only adds the newline.
+
+A *glued* line is the torn remains of a write that a later append was glued onto (the tool
+appended after a crash without checking the file ended in ``\\n``): undecodable as a
+whole, it ends with a whole entry of the format. It is not mid-log damage: repair moves the
+torn bytes to the quarantine file and keeps the entry (:func:`unglue`).
 """
 
 from __future__ import annotations
 
 import json
+
+import msgspec
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract import Damage, DamageKind
+
+
+_decode = msgspec.json.Decoder().decode
 
 
 @dataclass(slots=True)
@@ -52,10 +63,24 @@ class Line:
 def decode_line(raw: bytes) -> dict[str, Any] | None:
     """The JSON object a line holds, or None (not strict UTF-8, not JSON, not an object)."""
     try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        obj = _decode(raw)
+    except (msgspec.DecodeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def unglue(raw: bytes, accept: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
+    """``(torn, entry)`` when the undecodable line ``raw`` is ``torn`` bytes followed by a
+    whole JSON object that ``accept`` takes for an entry of the format (the longest such
+    tail: the first ``{"`` it can start at), else None."""
+    body = raw[:-1] if raw.endswith(b"\n") else raw
+    start = body.find(b'{"', 1)
+    while start > 0:
+        obj = decode_line(body[start:])
+        if obj is not None and accept(obj):
+            return start, obj
+        start = body.find(b'{"', start + 1)
+    return None
 
 
 def split_lines(data: bytes) -> list[Line]:

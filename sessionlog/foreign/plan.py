@@ -18,6 +18,7 @@ ORPHAN_RESULT = "orphan-result"
 DUPLICATE_RESULT = "duplicate-result"
 DUPLICATE_CALL = "duplicate-call"
 MISSING_NEWLINE = "missing-newline"
+GLUED_LINE = "glued-line"
 BROKEN_CHAIN = "broken-chain"
 """A ``parentUuid`` naming no entry of the file: resume loses the history before it.
 Reported, never guessed at."""
@@ -60,10 +61,20 @@ class Plan:
     insert_after: dict[int, list[bytes]] = field(default_factory=dict)
     terminate: int | None = None
     added: list[dict[str, Any]] = field(default_factory=list)
+    cut: dict[int, int] = field(default_factory=dict)
+    """Glued lines: line index -> how many leading (torn) bytes go to the quarantine file;
+    ``replace`` holds what stays of the line."""
 
     @property
     def empty(self) -> bool:
-        return not (self.drop or self.replace or self.insert_after or self.terminate is not None)
+        return not (self.drop or self.replace or self.insert_after or self.cut or self.terminate is not None)
+
+    def quarantined(self, lines: list[Line]) -> list[bytes]:
+        """The bytes the plan removes, in file order: dropped lines and torn prefixes."""
+        out = []
+        for i in sorted(set(self.drop) | set(self.cut)):
+            out.append(lines[i].raw if i in self.drop else lines[i].raw[: self.cut[i]])
+        return out
 
     def insert(self, after: int, line: bytes) -> None:
         self.insert_after.setdefault(after, []).append(line)
@@ -72,7 +83,7 @@ class Plan:
         """True when applying the plan only adds bytes at the end of the file (a durable
         append is enough: every existing byte stays where it is)."""
         last = len(lines) - 1
-        return not self.drop and not self.replace and all(i == last for i in self.insert_after)
+        return not self.drop and not self.replace and not self.cut and all(i == last for i in self.insert_after)
 
     def changed_lines(self) -> list[int]:
         """1-based numbers of existing lines the plan drops or rewrites."""
