@@ -619,7 +619,9 @@ class FileStore:
             return False
         return st.st_ino != ino or st.st_size < seen
 
-    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
+    def repair(
+        self, session_id: str, *, force: bool = False, dry_run: bool = False, expire_approvals: bool = False
+    ) -> RepairReport:
         """Quarantine and cut a damaged tail, then close the open transcript, each step
         durable, under the lock (SessionLocked while a writer owns the session).
 
@@ -631,14 +633,15 @@ class FileStore:
             if self._owned(session_id):
                 return RepairReport(session_id, self.path_of(session_id), "refused",
                                     reason="a writer owns the session")
-            return self._repair_plan(self._scan(session_id, owned=False), force=force)
+            return self._repair_plan(self._scan(session_id, owned=False), force=force,
+                                     expire_approvals=expire_approvals)
         lock = self.take_lock(session_id, 0.0)
         try:
-            return self._repair_locked(session_id, force=force)
+            return self._repair_locked(session_id, force=force, expire_approvals=expire_approvals)
         finally:
             lock.release()
 
-    def _repair_plan(self, scan: ScanResult, *, force: bool) -> RepairReport:
+    def _repair_plan(self, scan: ScanResult, *, force: bool, expire_approvals: bool = False) -> RepairReport:
         path = scan.path
         damage = scan.damage
         report = RepairReport(scan.session, path, "clean", damage=damage)
@@ -666,7 +669,7 @@ class FileStore:
             )
             report.truncated_bytes = damage.length
             report.quarantine = os.path.join(self.directory, quarantine)
-        events.extend(crash_plan(scan.tracker))
+        events.extend(crash_plan(scan.tracker, expire_approvals=expire_approvals))
         if not events:
             return report
         report.status = "repaired"
@@ -694,9 +697,9 @@ class FileStore:
         return truncation_marker(offset=offset, dropped_bytes=size, reason=reason, quarantine=name, ts=ts,
                                  dropped_seqs=dropped)
 
-    def _repair_locked(self, session_id: str, *, force: bool) -> RepairReport:
+    def _repair_locked(self, session_id: str, *, force: bool, expire_approvals: bool = False) -> RepairReport:
         scan = self._scan(session_id, owned=False)
-        report = self._repair_plan(scan, force=force)
+        report = self._repair_plan(scan, force=force, expire_approvals=expire_approvals)
         if report.status != "repaired":
             return report
         fs = self.fs

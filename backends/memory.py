@@ -199,6 +199,8 @@ class MemoryStore:
             open_turn=tracker.open_turn,
             open_step=tracker.open_step,
             unanswered_calls=[c.call_id for c in tracker.unanswered()],
+            awaiting_approval=[c.call_id for c in tracker.awaiting()],
+            suspended=tracker.suspended,
             owned=owned,
             tracker=tracker,
             # Read on access, like every backend: exactly seq 1..last_seq, or CorruptLog.
@@ -216,21 +218,23 @@ class MemoryStore:
             )
         return iter(records[after_seq:])
 
-    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
+    def repair(
+        self, session_id: str, *, force: bool = False, dry_run: bool = False, expire_approvals: bool = False
+    ) -> RepairReport:
         self._check_id(session_id)
         owner = object()
         if dry_run:
             scan = self.scan(session_id)
             if scan.owned:
                 return RepairReport(session_id, None, "refused", reason="a writer owns the session")
-            plan = crash_plan(scan.tracker)
+            plan = crash_plan(scan.tracker, expire_approvals=expire_approvals)
             appended = self._encode_plan(plan, scan.last_seq + 1) if plan else []
             return RepairReport(session_id, None, "repaired" if plan else "clean",
                                 reason="open transcript" if plan else None, appended=list(appended))
         self._acquire(session_id, owner, 0.0)
         try:
             scan = self.scan(session_id)
-            plan = crash_plan(scan.tracker)
+            plan = crash_plan(scan.tracker, expire_approvals=expire_approvals)
             if not plan:
                 return RepairReport(session_id, None, "clean")
             records = self._sessions[session_id]

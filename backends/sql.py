@@ -978,7 +978,9 @@ class SqlStore:
 
     # -- repair ---------------------------------------------------------------------------
 
-    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
+    def repair(
+        self, session_id: str, *, force: bool = False, dry_run: bool = False, expire_approvals: bool = False
+    ) -> RepairReport:
         """Quarantine rows after damage and close the open transcript, in one transaction
         conditional on the rows scanned, under the ownership lock (SessionLocked while a
         writer owns the session).
@@ -992,17 +994,19 @@ class SqlStore:
                 if self.kind.owned(session_id):
                     return RepairReport(session_id, None, "refused", reason="a writer owns the session")
                 scan, tail = self._scan(session_id, owned=False)
-                return self._repair_plan(scan, tail, force=force)
+                return self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
             self._check_writable("repair (without dry_run)")
             owner = self.kind.ownership(session_id)
             owner.acquire(0.0)
             try:
                 with self._connect() as conn:
-                    return self._repair_locked(conn, session_id, force=force)
+                    return self._repair_locked(conn, session_id, force=force, expire_approvals=expire_approvals)
             finally:
                 owner.release()
 
-    def _repair_plan(self, scan: ScanResult, tail: _Tail, *, force: bool) -> RepairReport:
+    def _repair_plan(
+        self, scan: ScanResult, tail: _Tail, *, force: bool, expire_approvals: bool = False
+    ) -> RepairReport:
         damage = scan.damage
         report = RepairReport(scan.session, None, "clean", damage=damage)
         if damage is not None and damage.kind.needs_force and not force:
@@ -1026,7 +1030,7 @@ class SqlStore:
             ))
             report.truncated_bytes = damage.length
             report.quarantine = name
-        events.extend(crash_plan(scan.tracker))
+        events.extend(crash_plan(scan.tracker, expire_approvals=expire_approvals))
         if not events:
             return report
         report.status = "repaired"
@@ -1036,9 +1040,11 @@ class SqlStore:
         report.appended = [Record.from_line(line) for line in lines]
         return report
 
-    def _repair_locked(self, conn: sa.Connection, session_id: str, *, force: bool) -> RepairReport:
+    def _repair_locked(
+        self, conn: sa.Connection, session_id: str, *, force: bool, expire_approvals: bool = False
+    ) -> RepairReport:
         scan, tail = self._scan(session_id, owned=False, conn=conn)
-        report = self._repair_plan(scan, tail, force=force)
+        report = self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
         if report.status != "repaired":
             return report
         t = self.schema

@@ -36,6 +36,7 @@ worst = exits.worst
 _STATUS_EXIT = {
     Status.CLEAN: EXIT_OK,
     Status.OPEN: EXIT_OK,
+    Status.SUSPENDED: EXIT_OK,  # a human is deciding on a call: not a crash
     Status.REPAIRABLE: EXIT_REPAIRABLE,
     Status.NEEDS_FORCE: EXIT_NEEDS_FORCE,
     Status.UNSUPPORTED: EXIT_ERROR,
@@ -124,7 +125,7 @@ def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None)
         path = getattr(error, "path", None)
         return {
             "session": sid, "path": path, "records": None, "status": str(status), "damage": None,
-            "open_turn": None, "open_step": None, "unanswered_calls": [], "error": str(error),
+            "open_turn": None, "open_step": None, "unanswered_calls": [], "awaiting_approval": [], "error": str(error),
         }
     return {
         "session": sid,
@@ -135,6 +136,7 @@ def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None)
         "open_turn": result.open_turn,
         "open_step": result.open_step,
         "unanswered_calls": list(result.unanswered_calls),
+        "awaiting_approval": list(result.awaiting_approval),
     }
 
 
@@ -180,7 +182,7 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
     table = Table(show_edge=False, header_style="bold")
     for col in ("session", "status", "records", "damage", "offset", "tail bytes", "after", "open", "unanswered"):
         table.add_column(col, justify="right" if col in ("records", "offset", "tail bytes", "after") else "left")
-    styles = {"clean": "green", "open": "cyan", "repairable": "yellow", "needs-force": "red",
+    styles = {"clean": "green", "open": "cyan", "suspended": "cyan", "repairable": "yellow", "needs-force": "red",
               "unsupported": "magenta", "error": "red"}
     for row in rows:
         d = row["damage"] or {}
@@ -226,7 +228,8 @@ def cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
         for sid in _sessions(store, session):
             code = EXIT_OK
             try:
-                rep = store.repair(sid, force=args.force, dry_run=args.dry_run)
+                rep = store.repair(sid, force=args.force, dry_run=args.dry_run,
+                                   expire_approvals=args.expire_approvals)
                 row = rep.to_json()
                 if rep.status == "refused":
                     code = EXIT_LOCKED if rep.reason == "a writer owns the session" else EXIT_NEEDS_FORCE
@@ -391,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = target_cmd("repair", "quarantine damaged tails and close open transcripts")
     p.add_argument("--dry-run", action="store_true", help="report what would be done; write nothing")
     p.add_argument("--force", action="store_true", help="also cut mid-log damage and seq breaks (point in time)")
+    p.add_argument("--expire-approvals", action="store_true",
+                   help="answer calls awaiting approval TOOL_NOT_STARTED and close their step and turn")
     p.add_argument("--json", action="store_true", help="one JSON object per session per line")
     p.set_defaults(func=cmd_repair)
 

@@ -225,6 +225,8 @@ class Status(enum.StrEnum):
 
     CLEAN = "clean"
     OPEN = "open"
+    SUSPENDED = "suspended"
+    """The open step's only unanswered calls await a human's approval, the tail is clean."""
     REPAIRABLE = "repairable"
     NEEDS_FORCE = "needs-force"
     UNSUPPORTED = "unsupported"
@@ -250,6 +252,11 @@ class ScanResult:
     """Quarantine files no ``log/truncated`` marker names (a repair interrupted after its cut)."""
     skipped_frames: int = 0
     """Zstd skippable frames in the prefix (metadata: not records, not carried by convert)."""
+    awaiting_approval: list[str] = field(default_factory=list)
+    """Unanswered calls whose latest ``tool/approval`` is ``requested`` (repair leaves them
+    alone unless it expires approvals)."""
+    suspended: bool = False
+    """True when all that is open is calls awaiting approval and the steps and turns holding them."""
     tracker: Any = field(default=None, repr=False)
     _load: Callable[[], Iterable[Record]] | None = field(default=None, repr=False)
     _records: list[Record] | None = field(default=None, repr=False)
@@ -285,6 +292,8 @@ class ScanResult:
             open_turn=tracker.open_turn,
             open_step=tracker.open_step,
             unanswered_calls=[c.call_id for c in tracker.unanswered()],
+            awaiting_approval=[c.call_id for c in tracker.awaiting()],
+            suspended=tracker.suspended,
             owned=owned,
             unmarked_quarantines=unmarked_quarantines,
             skipped_frames=getattr(prefix, "skipped_frames", 0),
@@ -356,7 +365,9 @@ class ScanResult:
             return Status.OPEN
         if self.damage is not None:
             return Status.NEEDS_FORCE if self.damage.kind.needs_force else Status.REPAIRABLE
-        return Status.REPAIRABLE if self.transcript_open else Status.CLEAN
+        if not self.transcript_open:
+            return Status.CLEAN
+        return Status.SUSPENDED if self.suspended and not self.unmarked_quarantines else Status.REPAIRABLE
 
 
 @dataclass(slots=True)
@@ -469,8 +480,12 @@ class EventStore(Protocol):
         """Stream the durable prefix's records with seq > ``after_seq``."""
         ...
 
-    def repair(self, session_id: str, *, force: bool = False, dry_run: bool = False) -> RepairReport:
-        """Quarantine and truncate a damaged tail, then close the transcript."""
+    def repair(
+        self, session_id: str, *, force: bool = False, dry_run: bool = False, expire_approvals: bool = False
+    ) -> RepairReport:
+        """Quarantine and truncate a damaged tail, then close the transcript. Calls awaiting
+        approval, and the step and turn holding them, are left alone unless
+        ``expire_approvals``."""
         ...
 
     def import_session(self, session_id: str, records: Iterable[Record]) -> int:

@@ -186,8 +186,9 @@ def delivery_state(
             answered[request] = seq
     state = Deliveries(latest.seq, [c.call_id for c in latest.calls])
     for call in latest.calls:
-        if call.result is None or (call.view_time and latest.open):
-            # Still in the open step without a result: it may yet get a real one.
+        if call.result is None or call.awaiting_approval or (call.view_time and latest.open):
+            # Still in the open step without a result (a tool running, a human deciding):
+            # it may yet get a real one.
             state.awaiting.append(call.call_id)
             continue
         requests = carried.get(call.call_id, [])

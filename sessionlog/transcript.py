@@ -275,6 +275,23 @@ class PendingCalls:
         return (in_step or calls)[-1]
 
 
+def approval_event(
+    call_id: str, state: str, *, turn: Any, step: Any, by: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
+    """The ``tool/approval`` event recording a human's part in a call: ``state``
+    ``requested`` (the runtime paused the call for a human), ``approved`` or ``rejected``
+    (a rejected call still needs its ``tool/result``, which the runtime writes); ``by``
+    and ``reason`` are optional. Raises ValueError for another state."""
+    if state not in _APPROVAL_STATES:
+        raise ValueError(f"approval state {state!r}; known: requested, approved, rejected")
+    event: dict[str, Any] = {"type": TOOL_APPROVAL, "turn": turn, "step": step, "call_id": call_id, "state": state}
+    if by is not None:
+        event["by"] = by
+    if reason is not None:
+        event["reason"] = reason
+    return event
+
+
 def unknown_outcome_text(name: str, call_id: str, call_seq: int) -> str:
     return (
         f"{TOOL_OUTCOME_UNKNOWN}: the call to tool {name!r} (id {call_id}) was durably recorded "
