@@ -114,6 +114,9 @@ class WriteBehind:
     wait for another owner of a session before its events fail with SessionLocked.
     ``inline``: write on the event loop when it is the only write to do (see the module
     docstring). ``workers``: threads for writes of different sessions at once.
+    ``group_commit``: write the ready batches of different sessions in one store call
+    (``store.append_group``: one transaction, one commit); by default when the store has
+    it (the SQL stores).
     ``on_error(session_id, exc)`` hears of background failures.
     """
 
@@ -127,6 +130,7 @@ class WriteBehind:
         lock_wait: float = 0.0,
         inline: bool = True,
         workers: int = 16,
+        group_commit: bool | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.store = store
@@ -142,6 +146,11 @@ class WriteBehind:
         self._lanes: dict[str, _Lane] = {}
         self._closing = False
         self._in_flight = 0  # writes running in worker threads
+        if group_commit is None:
+            group_commit = callable(getattr(store, "append_group", None))
+        self.group_commit = group_commit
+        self._ready: dict[_Lane, None] = {}  # group commit: sessions with events to write, in order
+        self._group_task: asyncio.Task[None] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
                                                                thread_name_prefix="sessionlog-writer")
 
@@ -210,8 +219,13 @@ class WriteBehind:
     # -- the write path ----------------------------------------------------------------
 
     def _start(self, lane: _Lane) -> None:
-        """Start the lane's drain task unless one is running (at most one write in flight)."""
-        if lane.task is None:
+        """Start the lane's drain task unless one is running (at most one write in flight);
+        with group commit, mark the lane ready for the writer's one group task."""
+        if self.group_commit:
+            self._ready[lane] = None
+            if self._group_task is None:
+                self._group_task = asyncio.get_running_loop().create_task(self._drain_groups())
+        elif lane.task is None:
             lane.task = asyncio.get_running_loop().create_task(self._drain(lane))
 
     async def _drain(self, lane: _Lane) -> None:
@@ -222,6 +236,97 @@ class WriteBehind:
                 await self._write_next(lane)
         finally:
             lane.task = None
+
+    # -- group commit across sessions --------------------------------------------------
+
+    async def _drain_groups(self) -> None:
+        """Write the ready sessions' next batches together, one group at a time; events
+        that arrive meanwhile go into the next group."""
+        try:
+            if self.max_delay > 0:
+                await asyncio.sleep(self.max_delay)
+            while True:
+                lanes = [lane for lane in self._ready if lane.queue and lane.paused is None and lane.dead is None]
+                self._ready.clear()
+                if not lanes:
+                    return
+                if len(lanes) == 1:
+                    await self._write_next(lanes[0])
+                else:
+                    await self._write_group(lanes)
+                for lane in lanes:
+                    if lane.queue:
+                        self._ready[lane] = None
+        finally:
+            self._group_task = None
+
+    async def _write_group(self, lanes: list[_Lane]) -> None:
+        """One ``append_group`` of each lane's next batch. A group refused or rolled back
+        wrote nothing: each session's batch is then written on its own, which isolates
+        the one at fault. A group whose outcome is unknown is never written again."""
+        items = [(lane, self._take(lane)) for lane in lanes]
+        self._in_flight += 1
+        try:
+            thread = asyncio.get_running_loop().run_in_executor(self._executor, self._group_sync, items)
+            try:
+                ready, unowned, lasts, error = await asyncio.shield(thread)
+            except asyncio.CancelledError:
+                ready, unowned, lasts, error = await thread
+                self._group_settled(ready, unowned, lasts, error, cancelled=True)
+                raise
+        finally:
+            self._in_flight -= 1
+        if self._group_settled(ready, unowned, lasts, error, cancelled=False):
+            await asyncio.gather(*(self._write_next(lane) for lane, _ in ready))
+
+    def _group_sync(self, items: list[tuple[_Lane, list[_Pending]]]) -> tuple[Any, ...]:
+        """In a worker thread: own the sessions not owned yet, then append the group.
+        Returns (appended items, items whose session could not be owned with the error,
+        last seqs or None, the group's error or None)."""
+        ready: list[tuple[_Lane, list[_Pending]]] = []
+        unowned: list[tuple[_Lane, list[_Pending], BaseException]] = []
+        for lane, batch in items:
+            if lane.handle is None:
+                try:
+                    lane.handle = self.store.session(lane.session_id, timeout=self.lock_wait)  # type: ignore[call-arg]
+                except BaseException as exc:  # noqa: BLE001 - settled on the loop
+                    unowned.append((lane, batch, exc))
+                    continue
+            ready.append((lane, batch))
+        if not ready:
+            return ready, unowned, None, None
+        group = [(lane.handle, [e for p in batch for e in p.events], batch[0].expect_seq) for lane, batch in ready]
+        try:
+            return ready, unowned, self.store.append_group(group), None  # type: ignore[attr-defined]
+        except BaseException as exc:  # noqa: BLE001 - settled on the loop
+            if isinstance(exc, AppendFailed):
+                # The store closed the group's handles for appends: the next write owns anew.
+                for lane, _ in ready:
+                    handle, lane.handle = lane.handle, None
+                    with contextlib.suppress(Exception):
+                        handle.close()  # type: ignore[union-attr]
+            return ready, unowned, None, exc
+
+    def _group_settled(self, ready: list[tuple[_Lane, list[_Pending]]],
+                       unowned: list[tuple[_Lane, list[_Pending], BaseException]],
+                       lasts: list[int] | None, error: BaseException | None, *, cancelled: bool) -> bool:
+        """Answer the producers of a group; True when its batches (requeued) must be
+        written one session at a time."""
+        for lane, batch, exc in unowned:
+            self._failed(lane, batch, exc)
+        if lasts is not None:
+            for (_, batch), last in zip(ready, lasts, strict=True):
+                _resolve(batch, last)
+            return False
+        if error is None:
+            return False
+        if isinstance(error, AppendFailed) and error.outcome_unknown:
+            for lane, batch in ready:  # maybe written: never requeued, never written again
+                self._stop(lane, batch, error)
+            return False
+        for lane, batch in ready:  # nothing was written
+            lane.queue.extendleft(reversed(batch))
+        return not cancelled
 
     def _take(self, lane: _Lane) -> list[_Pending]:
         """The next batch: a prefix of the queue within the count and byte bounds (at
@@ -434,10 +539,11 @@ class WriteBehind:
                         first = first or exc
                     _fail(lane.queue, failure)
                     lane.queue.clear()
-                    if lane.task is not None:
+                    task = lane.task or self._group_task
+                    if task is not None:
                         # A write may be in flight in its thread: let it finish and settle
                         # before the handle (its descriptor and its lock) goes away.
-                        await _settled(lane.task)
+                        await _settled(task)
                 if lane.handle is not None:
                     handle, lane.handle = lane.handle, None
                     with contextlib.suppress(SessionLogError):
@@ -470,7 +576,7 @@ class WriterSession:
         """The session's last durable seq, when this writer already owns it (else None)."""
         lane = self.writer._lanes.get(self.session_id)
         handle = None if lane is None else lane.handle
-        if handle is None or (lane is not None and (lane.queue or lane.task is not None)):
+        if handle is None or (lane is not None and (lane.queue or lane.task is not None or lane in self.writer._ready)):
             return None
         return handle.last_seq
 

@@ -498,3 +498,126 @@ def test_an_awaiting_producer_is_told_at_once_when_the_session_pauses(tmp_path):
 
     asyncio.run(main())
     assert [r["type"] for r in store.read("s1")] == ["session/start", "submitted"]
+
+
+# --- group commit across sessions (stores with append_group: SQL) -----------------------
+
+
+class GroupSpy:
+    """A real SQL store, seen through: records the size of every append_group call and
+    can make one group's commit reply go missing (after it committed)."""
+
+    def __init__(self, store, lose_reply_of_group=None):
+        self.store, self.groups, self.lose = store, [], lose_reply_of_group
+        self.limits = store.limits
+
+    def session(self, sid, **kw):
+        return self.store.session(sid, **kw)
+
+    def append_group(self, items):
+        self.groups.append(len(items))
+        lasts = self.store.append_group(items)
+        if self.lose is not None and len(self.groups) == self.lose:
+            raise AppendFailed("the commit's reply was lost", outcome_unknown=True)
+        return lasts
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_store(request, tmp_path):
+    if request.param == "sqlite":
+        store = sessionlog.open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+        yield store
+        store.close()
+    else:
+        from postgres import postgres_schema_url  # tests/postgres.py
+
+        urls = postgres_schema_url()
+        store = sessionlog.open_store(next(urls))
+        yield store
+        store.close()
+        next(urls, None)  # drops the schema
+
+
+def test_ready_batches_of_many_sessions_share_one_group_commit(sql_store):
+    ids = [f"g{i:02d}" for i in range(20)]
+    for sid in ids:
+        sql_store.create(sid)
+    spy = GroupSpy(sql_store)
+
+    async def main():
+        async with WriteBehind(spy) as w:
+            async def producer(sid):
+                return [await w.append(sid, [{"type": "ev", "i": i}]) for i in range(5)]
+            return await asyncio.gather(*(producer(sid) for sid in ids))
+
+    seqs = asyncio.run(main())
+    assert seqs == [[2, 3, 4, 5, 6]] * 20
+    for sid in ids:
+        assert [r.get("i") for r in sql_store.read(sid)] == [None, 0, 1, 2, 3, 4]
+    assert max(spy.groups) > 1 and sum(spy.groups) > len(spy.groups) * 2  # sessions shared transactions
+
+
+def test_a_refused_batch_in_a_group_fails_only_its_producer(sql_store):
+    ids = [f"b{i}" for i in range(6)]
+    for sid in ids:
+        sql_store.create(sid)
+    spy = GroupSpy(sql_store)
+
+    async def main():
+        async with WriteBehind(spy, max_delay=0.02) as w:
+            await asyncio.gather(*(w.append(sid, [{"type": "warm"}]) for sid in ids))  # own every session
+            futures = {sid: w.submit(sid, [{"type": "ok"}]) for sid in ids}
+            bad = w.submit("b3", [{"type": "deep", "v": _nested(300)}])  # encodes, the store refuses it
+            after = w.submit("b3", [{"type": "after"}])
+            await w.flush()
+            with pytest.raises(sessionlog.InvalidEvent):
+                await bad
+            return {sid: await f for sid, f in futures.items()}, await after
+
+    seqs, after = asyncio.run(main())
+    assert seqs == {sid: 3 for sid in ids} and after == 4
+    assert [r["type"] for r in sql_store.read("b3")] == ["session/start", "warm", "ok", "after"]
+    assert any(n > 1 for n in spy.groups)
+
+
+def test_a_group_whose_outcome_is_unknown_is_never_written_again(sql_store):
+    ids = [f"u{i}" for i in range(4)]
+    for sid in ids:
+        sql_store.create(sid)
+    spy = GroupSpy(sql_store, lose_reply_of_group=2)
+
+    async def main():
+        w = WriteBehind(spy, max_delay=0.02)
+        await asyncio.gather(*(w.append(sid, [{"type": "warm"}]) for sid in ids))  # group 1
+        results = await asyncio.gather(*(w.append(sid, [{"type": "maybe"}]) for sid in ids),
+                                       return_exceptions=True)  # group 2: reply lost
+        assert all(isinstance(r, AppendFailed) and r.outcome_unknown for r in results)
+        with pytest.raises(AppendFailed):
+            w.submit(ids[0], [{"type": "later"}])  # the session refuses new events
+        with pytest.raises(AppendFailed):
+            await w.close()
+
+    asyncio.run(main())
+    assert spy.groups[:2] == [4, 4]
+    for sid in ids:  # committed once, never appended again
+        assert [r["type"] for r in sql_store.read(sid)] == ["session/start", "warm", "maybe"]
+
+
+def test_a_session_owned_elsewhere_fails_alone_in_a_group(sql_store):
+    ids = [f"o{i}" for i in range(4)]
+    for sid in ids:
+        sql_store.create(sid)
+    owner = sql_store.session("o2")
+    spy = GroupSpy(sql_store)
+
+    async def main():
+        async with WriteBehind(spy) as w:
+            return await asyncio.gather(*(w.append(sid, [{"type": "ev"}]) for sid in ids), return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        owner.close()
+    assert isinstance(results[2], sessionlog.SessionLocked)
+    assert [results[i] for i in (0, 1, 3)] == [2, 2, 2]
+    assert [r["type"] for r in sql_store.read("o2")] == ["session/start"]
