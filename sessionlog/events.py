@@ -7,10 +7,14 @@ everything else is decoded lazily, on first access, and never re-serialized.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -42,6 +46,8 @@ TOOL_NOT_STARTED: Final = "TOOL_NOT_STARTED"
 """The assistant asked for the call but no tool/call exists: the body did not run."""
 TOOL_AWAITING_APPROVAL: Final = "TOOL_AWAITING_APPROVAL"
 """View-only: the call awaits a human's approval. Never written to a log."""
+
+_T = TypeVar("_T")
 
 MAX_DEPTH: Final = 128
 """Deepest JSON nesting a record may have (the record object itself is depth 1)."""
@@ -81,35 +87,48 @@ _value_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-def _pairs_unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise RecordError("duplicate key")
-    return dict(pairs)
+# --- the decode rules (one set, shared by every backend and both scan paths) -------------
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_KEEP_BRACKETS = bytes(b for b in range(256) if b not in b"{[]}")
+_BRACKET_STEP = [1 if b in b"{[" else -1 if b in b"}]" else 0 for b in range(256)]
 
 
-def _depth_exceeds(line: bytes, limit: int) -> bool:
-    """True when brackets outside strings nest deeper than ``limit``."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for byte in line:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x7B, 0x5B):
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x7D, 0x5D):
-            depth -= 1
-    return False
+def nested_deeper(line: bytes, limit: int = MAX_DEPTH) -> bool:
+    """True when the JSON in ``line`` nests deeper than ``limit`` (the top-level object is
+    depth 1; brackets inside strings do not count). Linear, without recursion: a count
+    of opening brackets decides most lines; otherwise the strings are cut out (C-level
+    regex) and the bracket depth summed over what is left."""
+    if line.count(b"{") + line.count(b"[") <= limit:
+        return False
+    brackets = _STRING.sub(b"", line).translate(None, _KEEP_BRACKETS)
+    return len(brackets) > limit and max(accumulate(map(_BRACKET_STEP.__getitem__, brackets))) > limit
+
+
+_ROOM = 4 * MAX_DEPTH
+_room_lock = threading.Lock()
+
+
+def _with_room(codec: Callable[[Any], _T], value: Any) -> _T:
+    """``codec(value)``; a RecursionError is retried once with the interpreter's recursion
+    limit raised by a few times ``MAX_DEPTH``. A value at most ``MAX_DEPTH`` deep then
+    encodes or decodes however deep the caller's own stack is; a second RecursionError
+    (the value itself is far deeper) propagates."""
+    try:
+        return codec(value)
+    except RecursionError:
+        with _room_lock:
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(limit + _ROOM)
+            try:
+                return codec(value)
+            finally:
+                sys.setrecursionlimit(limit)
+
+
+# Parses JSON into the pair count of each object (numbers kept as their digit count): the
+# standard library's parser sees every pair, where msgspec keeps one of a repeated key.
+_PAIRS = json.JSONDecoder(object_pairs_hook=len, parse_int=len, parse_float=len)
 
 
 class _Envelope(msgspec.Struct, gc=False):
@@ -124,41 +143,44 @@ _envelope_decoder = msgspec.json.Decoder(_Envelope)
 def decode_envelope(line: bytes) -> tuple[int, float, str]:
     """Check that ``line`` (without its newline) decodes as a record; return its envelope.
 
-    "Decodes" means: strict UTF-8, one JSON object, unique top-level keys, ``seq`` an
-    integer, ``ts`` a finite number, ``type`` a non-empty string, nesting at most
-    ``MAX_DEPTH`` deep. Raises :class:`RecordError` otherwise.
+    "Decodes" means: strict UTF-8, no line break (``\n``; a ``\r`` between tokens is JSON
+    whitespace), one JSON object, unique top-level keys, ``seq`` an integer, ``ts`` a
+    finite number, ``type`` a non-empty string, nesting at most ``MAX_DEPTH`` deep.
+    Raises :class:`RecordError` otherwise.
     """
     record = Record.from_line(line)
     return record.seq, record.ts, record.type
 
 
 def _decode_members(line: bytes) -> tuple[_Envelope, dict[str, msgspec.Raw]]:
-    """The envelope and the top-level members (raw, undecoded) of a record line."""
+    """The envelope and the top-level members (raw, undecoded) of a record line: the
+    exact rules, line by line, that every backend's scan applies (the region fast path
+    only ever accepts lines these rules accept)."""
     if not line.isascii():
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise RecordError(f"invalid UTF-8 at byte {exc.start}") from None
+    if b"\n" in line:
+        raise RecordError("contains a line break")
+    if nested_deeper(line):
+        raise RecordError(f"nested deeper than {MAX_DEPTH}")
     try:
-        envelope = _envelope_decoder.decode(line)
-        members = _fields_decoder.decode(line)
+        envelope = _with_room(_envelope_decoder.decode, line)
+        members = _with_room(_fields_decoder.decode, line)
     except msgspec.ValidationError as exc:
         raise RecordError(f"bad envelope: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise RecordError(f"not a JSON object: {exc}") from None
-    if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
-        raise RecordError(f"nested deeper than {MAX_DEPTH}")
     # Re-encoding the members gives the line back exactly when the line is compact with
-    # unique keys; anything else (spaces, escapes, a repeated key) takes the exact path.
-    if len(_encoder.encode(members)) != len(line):
-        import json
-
+    # unique keys; anything else (spaces, escapes, a repeated key) takes the exact check.
+    if _encoder.encode(members) != line:
         try:
-            json.loads(line, object_pairs_hook=_pairs_unique)
-        except RecordError:
-            raise
+            pairs = _with_room(_PAIRS.decode, line.decode("utf-8"))
         except (ValueError, RecursionError) as exc:  # pragma: no cover - msgspec accepted it
             raise RecordError(f"not a JSON object: {exc}") from None
+        if pairs != len(members):
+            raise RecordError("duplicate key")
     if not envelope.type:
         raise RecordError("type is empty")
     if not math.isfinite(envelope.ts):  # pragma: no cover - msgspec refuses 1e999 already
@@ -166,30 +188,76 @@ def _decode_members(line: bytes) -> tuple[_Envelope, dict[str, msgspec.Raw]]:
     return envelope, members
 
 
-_members_list_decoder = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
-_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
-_envelope_list_decoder = msgspec.json.Decoder(list[_Envelope])
-# Every byte but "{", "[" and newline: deleting them leaves each line's bracket count.
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{[\n")
+# Every byte but "{", "[" and newline: deleting them leaves each line's opening brackets.
+_NOT_OPENERS = bytes(b for b in range(256) if b not in b"{[\n")
+# Each line's first and last non-blank bytes are "{" and "}". A newline between a "}" and
+# a "{" cannot lie inside a JSON value (after a nested value's "}" the grammar wants ",",
+# "}" or "]"), so in such a region every newline ends a top-level value.
+_ALIGNED = re.compile(rb"(?:[ \t\r]*\{[^\n]*\}[ \t\r]*\n)*")
 
 
-def _decode_lines(lines: list[bytes]) -> tuple[list[dict[str, msgspec.Raw]], list[_Envelope]] | None:
-    joined = b"[" + b",".join(lines) + b"]"
+def _decode_lines(region: bytes) -> tuple[list[dict[str, msgspec.Raw]], list[_Envelope]] | None:
+    """The members and envelopes of the JSON values in ``region`` (newline-delimited), or
+    None when it does not decode."""
     try:
-        return _members_list_decoder.decode(joined), _envelope_list_decoder.decode(joined)
+        return _fields_decoder.decode_lines(region), _envelope_decoder.decode_lines(region)
     except (msgspec.DecodeError, RecursionError):
         return None
 
 
+def _aligned(region: bytes, n: int) -> bool:
+    """True when each of the ``n`` lines of ``region`` starts with "{" and ends with "}"
+    (blanks aside): then a region that decodes to ``n`` values has one per line."""
+    return (region[:1] == b"{" and region.endswith(b"}\n") and region.count(b"}\n{") == n - 1) or (
+        _ALIGNED.fullmatch(region) is not None
+    )
+
+
+def _unique_keys(lines: list[bytes], members: list[dict[str, msgspec.Raw]]) -> bool:
+    """True when no line (one object each, proven aligned) repeats a top-level key: the
+    pairs the standard library's parser counts in each top-level object match the
+    members msgspec kept (a repeated key keeps one)."""
+    try:
+        counts = _with_room(_PAIRS.decode, (b"[" + b",".join(lines) + b"]").decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return counts == list(map(len, members))
+
+
+def _proven_prefix(lines: list[bytes], region: bytes, members: list[dict[str, msgspec.Raw]]) -> int:
+    """How many leading ``lines`` (``region`` is them, each ending in a newline; ``members``
+    the objects decoded from it, as many as lines) are proven records but for the
+    envelope: each line is one JSON object with unique top-level keys, nested at most
+    ``MAX_DEPTH`` deep.
+
+    Compact lines are proven by re-encoding the members: it gives each line back byte for
+    byte. Lines written with blanks (another tool's ``json.dumps``) are proven as a
+    region: aligned one object per line, and the top-level pairs counted."""
+    good = len(lines)
+    again = _encoder.encode_lines(members)
+    if again != region and not (_aligned(region, len(lines)) and _unique_keys(lines, members)):
+        for i, (line, other) in enumerate(zip(lines, again.split(b"\n"), strict=False)):
+            if line != other:
+                good = i
+                break
+    openers = region.translate(None, _NOT_OPENERS)
+    if len(openers) - len(lines) > MAX_DEPTH:
+        for i, count in enumerate(map(len, openers.split(b"\n"))):
+            if i >= good:
+                break
+            if count > MAX_DEPTH and nested_deeper(lines[i]):
+                good = i
+    return good
+
+
 def decode_region(region: bytes, first_seq: int) -> list[Record]:
     """The records of the longest prefix of ``region`` (whole lines, each ending in a
-    newline) whose lines are compact records with seqs running on from ``first_seq``.
+    newline) that the region rules prove, with seqs running on from ``first_seq``.
 
-    The fast path of a scan: the region is decoded in two msgspec calls, and re-encoding
-    the members gives back each line byte for byte, which proves it is one JSON object
-    with unique keys. The first line that is not proven that way (and the prefix is
-    empty when the region does not decode at all) is left to the exact, line-by-line
-    rules, which accept it (a record written with spaces) or explain why not."""
+    The fast path of a scan: the region is decoded in two msgspec calls and proven as a
+    whole (:func:`_proven_prefix`). The first line that is not proven (and the prefix is
+    empty when the region is not one object per line) is left to the exact, line-by-line
+    rules, which accept it or explain why not."""
     if not region.isascii():
         try:
             region.decode("utf-8")
@@ -199,14 +267,14 @@ def decode_region(region: bytes, first_seq: int) -> list[Record]:
                 return []
     lines = region.split(b"\n")
     lines.pop()
-    decoded = _decode_lines(lines)
+    decoded = _decode_lines(region)
     if decoded is None:
         # Something in the region does not decode: the longest prefix that does, found by
         # halving (a few decodes of shrinking size, never one per line).
         low, high = 0, len(lines)  # lines[:low] decode; lines[:high] do not
         while high - low > 1:
             mid = (low + high) // 2
-            if _decode_lines(lines[:mid]) is None:
+            if _decode_lines(b"\n".join(lines[:mid]) + b"\n") is None:
                 high = mid
             else:
                 low = mid
@@ -214,25 +282,12 @@ def decode_region(region: bytes, first_seq: int) -> list[Record]:
         if not lines:
             return []
         region = b"\n".join(lines) + b"\n"
-        decoded = _decode_lines(lines)
+        decoded = _decode_lines(region)
         assert decoded is not None
     members, envelopes = decoded
-    if len(lines) != len(members):  # two objects on one line, or one split across two
+    if len(lines) != len(members):  # not one object per line
         return []
-    good = len(lines)
-    again = _encoder.encode_lines(members)
-    if again != region:
-        for i, (line, other) in enumerate(zip(lines, again.split(b"\n"), strict=False)):
-            if line != other:
-                good = i
-                break
-    brackets = region.translate(None, _NOT_BRACKETS)
-    if len(brackets) > MAX_DEPTH + len(lines):
-        for i, count in enumerate(map(len, brackets.split(b"\n"))):
-            if i >= good:
-                break
-            if count > MAX_DEPTH and _depth_exceeds(lines[i], MAX_DEPTH):
-                good = i
+    good = _proven_prefix(lines, region, members)
     seq = first_seq
     for i in range(good):
         envelope = envelopes[i]
@@ -241,6 +296,31 @@ def decode_region(region: bytes, first_seq: int) -> list[Record]:
             break
         seq += 1
     return [Record(lines[i], envelopes[i].seq, envelopes[i].ts, envelopes[i].type, members[i]) for i in range(good)]
+
+
+def unreadable(lines: list[bytes]) -> tuple[int, str] | None:
+    """The first of ``lines`` (record lines without newlines) that does not decode as a
+    record, with the reason, or None when each one does. Proven per line: the batch's
+    members are decoded in one call and re-encoded byte for byte (each line is then one
+    compact object, whatever its neighbours hold); a line not proven that way is checked
+    alone by the exact rules."""
+    region = b"\n".join(lines) + b"\n"
+    good = 0
+    try:
+        if not region.isascii():
+            region.decode("utf-8")
+        members = _with_room(_fields_decoder.decode_lines, region)
+    except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
+        pass
+    else:
+        if len(members) == len(lines):
+            good = _proven_prefix(lines, region, members)
+    for i in range(good, len(lines)):
+        try:
+            Record.from_line(lines[i])
+        except RecordError as exc:
+            return i, exc.reason
+    return None
 
 
 class Record(Mapping[str, Any]):
@@ -319,12 +399,20 @@ class Record(Mapping[str, Any]):
     __hash__ = None  # type: ignore[assignment]
 
 
+_LINE_BREAK = (
+    "a msgspec.Raw value holds a line break (\\n or \\r) and a record is one line: pass the "
+    "value itself, or its JSON without line breaks"
+)
+
+
 def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -> bytes:
     """Serialize a new event as a record line (no newline), ``seq`` and ``ts`` first.
 
     ``event`` must carry a non-empty string ``type`` and must not carry ``seq``; its
     ``ts`` is kept when it has one, else ``ts`` (or the current time) is used.
-    Raises :class:`RecordError` for an event that could not be read back as a record.
+    Raises :class:`RecordError` for an event that could not be read back as a record
+    (not serializable, nested deeper than ``MAX_DEPTH``, a ``msgspec.Raw`` value that is
+    not JSON or holds a line break); never RecursionError.
     """
     if type(event) is not dict and not isinstance(event, Mapping):
         raise RecordError(f"an event is a mapping, not {type(event).__name__}")
@@ -347,19 +435,19 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
     body = {"seq": seq, "ts": event_ts, "type": type_, **event}
     body["ts"] = event_ts
     try:
-        line = _encoder.encode(body)
+        line = _with_room(_encoder.encode, body)
+    except RecursionError:
+        raise RecordError(f"event nested deeper than {MAX_DEPTH}") from None
     except (TypeError, msgspec.EncodeError, OverflowError, ValueError) as exc:
         raise RecordError(f"event is not JSON-serializable: {exc}") from None
-    for value in body.values():
-        # Only a member that is itself a container can nest deeper than MAX_DEPTH.
-        if value is not None and (type(value) in _CONTAINERS or not isinstance(value, (str, int, float))):
-            if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH):
-                raise RecordError(f"event nested deeper than {MAX_DEPTH}")
-            break
+    if not _SCALARS.issuperset(map(type, body.values())):
+        # Containers can nest too deep, and a msgspec.Raw is copied verbatim: read it back.
+        if b"\n" in line or b"\r" in line:
+            raise RecordError(_LINE_BREAK)
+        bad = unreadable([line])
+        if bad is not None:
+            raise RecordError(f"does not read back as a record: {bad[1]}")
     return line
-
-
-_CONTAINERS = (dict, list, tuple)
 
 
 def encode_records(
@@ -368,8 +456,11 @@ def encode_records(
     """Record lines (no newlines) for a batch of new events, seq from ``first_seq``.
 
     The batch's events share one clock reading for ``ts`` unless they carry their own.
-    Raises :class:`RecordError` naming the first event at fault (not an event, no type,
-    ``seq`` set, not serializable, too deep, longer than ``record_limit`` bytes)."""
+    Every line is proven to decode as a record on its own (what every backend's scan
+    checks), so append never writes what scan refuses. Raises :class:`RecordError`
+    naming the first event at fault (not an event, no type, ``seq`` set, not
+    serializable, too deep, a ``msgspec.Raw`` that is not one line of JSON, longer than
+    ``record_limit`` bytes); never RecursionError."""
     when = time.time() if now is None else now
     nested = False
     for event in events:
@@ -388,10 +479,11 @@ def encode_records(
         if not nested and not _SCALARS.issuperset(map(type, event.values())):
             nested = True
     # The hot path: one encoder call for the whole batch, then the envelope spliced in
-    # front of each event's members. JSON escapes every newline inside a string, so
-    # splitting the encoder's lines on b"\n" is exact.
+    # front of each event's members.
     try:
-        data = _encoder.encode_lines(events)
+        data = _with_room(_encoder.encode_lines, events)
+    except RecursionError:
+        return _encode_each(events, first_seq, when, record_limit)  # names the deep event
     except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
         for i, event in enumerate(events):
             try:
@@ -399,10 +491,11 @@ def encode_records(
             except (TypeError, msgspec.EncodeError, OverflowError, ValueError) as exc:
                 raise RecordError(f"event {i} of the batch is not JSON-serializable: {exc}") from None
         raise  # pragma: no cover
+    # JSON escapes every line break inside a string: only a msgspec.Raw can hold one.
+    if nested and (data.count(b"\n") != len(events) or b"\r" in data):
+        return _encode_each(events, first_seq, when, record_limit)  # names the event
     members = data.split(b"\n")
     members.pop()
-    if len(members) != len(events):  # a msgspec.Raw value holding a newline
-        return _encode_each(events, first_seq, when, record_limit)
     ts_member = b',"ts":' + _encoder.encode(when) + b","
     lines = [b'{"seq":%d%b%b' % (seq, ts_member, m[1:]) for seq, m in enumerate(members, first_seq)]
     return _checked(lines, record_limit, nested=nested)
@@ -417,7 +510,7 @@ def _encode_each(
             lines.append(encode_record(event, first_seq + i, when))
         except RecordError as exc:
             raise RecordError(f"event {i} of the batch: {exc.reason}") from None
-    return _checked(lines, record_limit, nested=True)
+    return _checked(lines, record_limit, nested=False)  # each line was read back alone
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -435,29 +528,15 @@ def _checked(lines: list[bytes], record_limit: int, *, nested: bool) -> list[byt
 
     Events of strings, numbers, booleans and nulls always encode to a record. Anything
     else (containers, and values the encoder copies verbatim such as ``msgspec.Raw``) is
-    read back with the scanner's own rules, so append never writes what scan rejects."""
-    if not nested and (not lines or max(map(len, lines)) <= record_limit):
-        return lines
-    for i, line in enumerate(lines):
-        if len(line) > record_limit:
-            raise RecordError(f"event {i} of the batch is {len(line)} bytes, over the record limit of {record_limit}")
-    if not nested:
-        return lines
-    # Top-level keys are unique strings by construction; what remains is the JSON inside
-    # the members (one validating pass for the batch) and the nesting depth.
-    joined = b"[" + b",".join(lines) + b"]"
-    try:
-        if not joined.isascii():
-            joined.decode("utf-8")
-        valid = len(_raw_list_decoder.decode(joined)) == len(lines)
-    except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
-        valid = False
-    for i, line in enumerate(lines):
-        if not valid or (line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_exceeds(line, MAX_DEPTH)):
-            try:
-                Record.from_line(line)
-            except RecordError as exc:
-                raise RecordError(f"event {i} of the batch does not read back as a record: {exc.reason}") from None
+    proven line by line with the scanner's own rules (:func:`unreadable`)."""
+    if not lines or max(map(len, lines)) > record_limit:
+        for i, line in enumerate(lines):
+            if len(line) > record_limit:
+                raise RecordError(f"event {i} of the batch is {len(line)} bytes, over the record limit of {record_limit}")
+    if nested:
+        bad = unreadable(lines)
+        if bad is not None:
+            raise RecordError(f"event {bad[0]} of the batch does not read back as a record: {bad[1]}")
     return lines
 
 

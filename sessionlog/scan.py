@@ -30,6 +30,9 @@ from .events import (
 )
 
 CHUNK = 1 << 20
+REGION = 128 << 10
+"""The most bytes one fast-path attempt decodes: regions that stay in cache scan faster."""
+MIN_REGION = 4 << 10
 _OVER_LIMIT = "record exceeds the record limit"
 
 
@@ -134,12 +137,20 @@ class LineScan:
         expected = self.expected_seq
         header_needed = self.session_id is not None and self.start == 0
         from_line = Record.from_line
-        exact_until = 0  # lines before this offset of buf take the exact, line-by-line path
+        # Fast-path attempts decode at most ``span`` bytes of whole lines. An attempt that
+        # does not prove its whole region hands its first unproven line to the exact path,
+        # with the next ``exact`` lines after consecutive failures (doubling), and the next
+        # span shrinks to what was proven: no line is decoded more than a few times, so
+        # the scan stays linear whatever the lines hold.
+        span = REGION
+        exact = 0  # lines to take on the exact path before the next attempt
+        failures = 0  # consecutive attempts that did not prove their whole region
         while True:
-            if not header_needed and i >= exact_until:
-                end = buf.rfind(b"\n", i) + 1
+            if not header_needed and not exact:
+                end = buf.rfind(b"\n", i, i + span) + 1
                 if end > i:
                     records = decode_region(buf[i:end], expected)
+                    start = i
                     for record in records:
                         if len(record.raw) > limit:
                             break  # the exact path reports it
@@ -151,9 +162,14 @@ class LineScan:
                         self.count += 1
                         yield record
                     if i == end:
+                        failures = 0
+                        span = min(2 * span, REGION)
                         continue
-                    # The next line takes the exact path; the fast path resumes after it.
-                    exact_until = buf.find(b"\n", i) + 1
+                    exact = 1 << min(failures, 10)
+                    failures += 1
+                    span = max(MIN_REGION, min(REGION, 2 * (i - start)))
+                elif buf.find(b"\n", i) >= 0:
+                    exact = 1  # one line longer than the span
             nl = buf.find(b"\n", i)
             if nl < 0:
                 if len(buf) - i > limit:
@@ -169,7 +185,6 @@ class LineScan:
                     return
                 buf = buf[i:] + chunk
                 base += i
-                exact_until = max(0, exact_until - i)
                 i = 0
                 continue
             if nl - i > limit:
@@ -188,6 +203,8 @@ class LineScan:
                 check_header(record, self.session_id, self.where)
                 header_needed = False
             i = nl + 1
+            if exact:
+                exact -= 1
             expected += 1
             self.stable_offset = base + i
             self.last_seq = record.seq
@@ -272,6 +289,14 @@ class _TailCount:
         skipping = False  # inside a line longer than the limit
         i = 0
         while True:
+            if not skipping:
+                # A line without "{" never decodes: skip every such line at once (a tail of
+                # blank lines or text costs a byte search, not a decode per line).
+                brace = buf.find(b"{", i)
+                if brace < 0:
+                    i = max(i, buf.rfind(b"\n", i) + 1)
+                elif brace > i:
+                    i = buf.rfind(b"\n", i, brace) + 1 or i
             nl = buf.find(b"\n", i)
             if nl < 0:
                 if len(buf) - i > self._limit:

@@ -80,12 +80,14 @@ def test_a_record_over_the_limit_in_the_prefix_is_an_error():
 
 
 def test_one_odd_line_does_not_slow_down_its_region():
-    """A record written with spaces (valid, not compact) is taken by the exact path alone;
-    the lines around it stay on the fast path, and everything is kept."""
+    """A record written with spaces (valid, not compact) is proven with its region; a line
+    with a repeated key stops the region just before it."""
     lines = log(2000)
     lines[700] = lines[700].replace(b'"ts":', b'"ts": ')
     records, stable, damage = scan_bytes(b"\n".join(lines) + b"\n", session_id="s")
     assert damage is None and [r.raw for r in records] == lines
+    assert len(decode_region(b"\n".join(lines[1:]) + b"\n", 2)) == 1999
+    lines[700] = lines[700][:-1] + b', "call_id": "again"}'
     assert decode_region(b"\n".join(lines[1:]) + b"\n", 2)[-1].seq == 700  # stops just before it
 
 
