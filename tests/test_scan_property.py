@@ -162,3 +162,88 @@ def test_garbage_tail_is_classified_and_never_kept(data):
         assert open(path, "rb").read()[:stable] == before[:stable]
         assert store.scan("s").status == "clean"
         assert answered_exactly_once(list(store.read("s"))) == []
+
+
+# --- the fast path accepts exactly what the exact, line-by-line rules accept -------------
+
+_HEADER = b'{"seq":1,"ts":1.0,"type":"session/start","session":"s","format":"sessionlog/1"}'
+
+
+def _record(seq: int, spaced: bool) -> bytes:
+    import json
+
+    body = {"seq": seq, "ts": 2.5, "type": "tool/result", "call_id": f"c{seq}", "output": "o" * (seq % 40),
+            "v": {"a": [1, {"b": None}], "s": "{[" * (seq % 3)}}
+    return json.dumps(body, separators=None if spaced else (",", ":"), ensure_ascii=seq % 2 == 0).encode()
+
+
+def _adversarial(seq: int, kind: str) -> bytes:
+    line = _record(seq, False)
+    return {
+        "spaced": _record(seq, True),
+        "crlf": line + b"\r",
+        "cr-inside": line.replace(b',"ts"', b',\r"ts"'),
+        "leading-blank": b" \t" + line,
+        "nested-repeat": line[:-1] + b',"w":{"k":1,"k":2}}',
+        "top-repeat": line[:-1] + b',"call_id":"x"}',
+        "spaced-top-repeat": _record(seq, True)[:-1] + b', "call_id": "x"}',
+        "depth-128": line[:-1] + b',"d":' + b"[" * 126 + b"]" * 126 + b"}",
+        "depth-129": line[:-1] + b',"d":' + b"[" * 127 + b"]" * 127 + b"}",
+        "deep": line[:-1] + b',"d":' + b"[" * 3000 + b"]" * 3000 + b"}",
+        "multi-line": line.replace(b',"ts"', b',\n"ts"'),
+        "two-objects": line + b'{"seq":0,"ts":1,"type":"x"}',
+        "two-objects-comma": line + b',{"seq":0,"ts":1,"type":"x"}',
+        "nul": line.replace(b'"output"', b'"out\x00put"'),
+        "nul-run": b"\0" * 40,
+        "invalid-utf8": line.replace(b'"tool/result"', b'"tool/r\xc3sult"'),
+        "blank": b"",
+        "garbage": b"not json",
+        "seq-repeat": _record(seq - 1, False),
+        "seq-gap": _record(seq + 1, False),
+        "ts-string": line.replace(b'"ts":2.5', b'"ts":"2.5"'),
+        "type-empty": line.replace(b'"type":"tool/result"', b'"type":""'),
+    }[kind]
+
+
+ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", "top-repeat", "spaced-top-repeat",
+               "depth-128", "depth-129", "deep", "multi-line", "two-objects", "two-objects-comma", "nul", "nul-run",
+               "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty"]
+
+
+def exact_prefix(data: bytes) -> tuple[list[bytes], int]:
+    """The reference: each line alone through Record.from_line, seqs from 1."""
+    from sessionlog.events import Record, RecordError
+
+    out: list[bytes] = []
+    pos = 0
+    while (nl := data.find(b"\n", pos)) >= 0:
+        try:
+            record = Record.from_line(data[pos:nl])
+        except RecordError:
+            break
+        if record.seq != len(out) + 1:
+            break
+        out.append(data[pos:nl])
+        pos = nl + 1
+    return out, pos
+
+
+@SETTINGS
+@given(n=st.integers(2, 3000), all_spaced=st.booleans(),
+       odd=st.lists(st.tuples(st.integers(2, 3000), st.sampled_from(ADVERSARIAL)), max_size=4))
+def test_fast_path_accepts_exactly_what_the_exact_rules_accept(n, all_spaced, odd):
+    lines = [_HEADER] + [_record(seq, all_spaced) for seq in range(2, n + 1)]
+    for seq, kind in odd:
+        if seq <= n:
+            lines[seq - 1] = _adversarial(seq, kind)
+    data = b"\n".join(lines) + b"\n"
+    records, stable, damage = scan_bytes(data, session_id="s")
+    expected, end = exact_prefix(data)
+    assert [r.raw for r in records] == expected
+    assert stable == end
+    assert (damage is None) == (end == len(data))
+    for record in records:  # the envelope the fast path read is the line's own
+        from sessionlog.events import Record
+
+        exact = Record.from_line(record.raw)
+        assert (record.seq, record.ts, record.type) == (exact.seq, exact.ts, exact.type)
