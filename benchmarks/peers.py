@@ -8,8 +8,10 @@
     session's last seq, INSERT the next, COMMIT;
   - ``executemany-1024``: ``BEGIN IMMEDIATE``, read the last seq, ``executemany`` of
     1024 rows, COMMIT.
-* openai-agents ``SQLiteSession.add_items`` of one item per call, with the SDK's own
-  SQLite settings — only when the package is importable (it is not a dependency).
+* openai-agents ``SQLiteSession.add_items`` (file-backed, WAL, the SDK's own settings:
+  durable at commit) against sessionlog's ``SessionLogSession`` on a JSONL store, one item
+  per call and a turn's worth (a user message, two calls, their outputs, the answer) per
+  call — only when the package is importable (``pip install 'sessionlog[agents]'``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import sqlite3
+from typing import Any
 
 from .rounds import Case, Result, Work, skipped
 
@@ -98,39 +102,100 @@ def sqlite3_cases(directory: str, lines: list[bytes], stack: contextlib.ExitStac
     return cases
 
 
+TURN_ITEMS = 6
 AGENTS_ID = "peer/openai-agents/add-items-1"
 AGENTS_LABEL = "openai-agents SQLiteSession.add_items, 1 item per call"
+AGENTS_TURN_ID = "peer/openai-agents/add-items-turn"
+AGENTS_TURN_LABEL = f"openai-agents SQLiteSession.add_items, a turn ({TURN_ITEMS} items) per call"
+ADAPTER_ID = "adapter/openai-agents/add-items-1"
+ADAPTER_LABEL = "sessionlog SessionLogSession (jsonl).add_items, 1 item per call"
+ADAPTER_TURN_ID = "adapter/openai-agents/add-items-turn"
+ADAPTER_TURN_LABEL = f"sessionlog SessionLogSession (jsonl).add_items, a turn ({TURN_ITEMS} items) per call"
+
+
+def agent_turn(texts: list[str], n: int) -> list[dict[str, Any]]:
+    """The items the Runner saves for one turn with two parallel calls: the user message,
+    two function calls, their outputs and the answer (texts from the benchmark's pool)."""
+    def text(k: int) -> str:
+        return texts[(4 * n + k) % len(texts)]
+
+    a, b = f"call_{n}_a", f"call_{n}_b"
+    return [
+        {"role": "user", "content": text(0)},
+        {"type": "function_call", "id": f"fc_{n}_a", "call_id": a, "name": "deploy",
+         "arguments": json.dumps({"note": text(1)[:120]})},
+        {"type": "function_call", "id": f"fc_{n}_b", "call_id": b, "name": "notify",
+         "arguments": json.dumps({"note": text(2)[:120]})},
+        {"type": "function_call_output", "call_id": a, "output": text(1)},
+        {"type": "function_call_output", "call_id": b, "output": text(2)},
+        {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": text(3), "annotations": [], "logprobs": []}]},
+    ]
+
+
+def _add_items_cases(session: Any, loop: asyncio.AbstractEventLoop, texts: list[str],
+                     ids: tuple[str, str], labels: tuple[str, str], group: str) -> list[Case]:
+    """Two cases over one Agents SDK session: ``add_items`` of one user item per call and
+    of a whole turn per call (each call durable on return). Units are items."""
+    users = [{"role": "user", "content": t} for t in texts]
+    user_bytes = [len(json.dumps(u)) for u in users]
+    turns = [agent_turn(texts, n) for n in range(max(1, len(texts) // 4))]
+    turn_bytes = [sum(len(json.dumps(i)) for i in t) for t in turns]
+    state = [0, 0]
+
+    def add_one() -> Work:
+        k = state[0] % len(users)
+        state[0] += 1
+        loop.run_until_complete(session.add_items([users[k]]))
+        return 1, user_bytes[k]
+
+    def add_turn() -> Work:
+        k = state[1] % len(turns)
+        state[1] += 1
+        loop.run_until_complete(session.add_items(turns[k]))
+        return len(turns[k]), turn_bytes[k]
+
+    return [Case(ids[0], group, labels[0], add_one, unit="items/s", meta={"batch": 1}),
+            Case(ids[1], group, labels[1], add_turn, unit="items/s", meta={"batch": TURN_ITEMS})]
+
+
+def _agents_missing() -> str | None:
+    if importlib.util.find_spec("agents") is None:
+        return "openai-agents is not installed (pip install 'sessionlog[agents]')"
+    return None
 
 
 def agents_cases(directory: str, texts: list[str], stack: contextlib.ExitStack) -> tuple[list[Case], list[Result]]:
-    """``SQLiteSession.add_items`` of one item per call, if ``agents`` is importable."""
-    if importlib.util.find_spec("agents") is None:
-        return [], [skipped(AGENTS_ID, "peer", AGENTS_LABEL, "openai-agents is not installed")]
-    try:
-        from agents import SQLiteSession  # type: ignore[import-not-found]
-    except Exception as exc:
-        return [], [skipped(AGENTS_ID, "peer", AGENTS_LABEL, f"cannot import agents.SQLiteSession: {exc}")]
+    """The SDK's own ``SQLiteSession`` (file-backed, WAL, the SDK's settings): ``add_items``
+    of one item and of a turn per call, if ``agents`` is importable."""
+    missing = _agents_missing()
+    ids, labels = (AGENTS_ID, AGENTS_TURN_ID), (AGENTS_LABEL, AGENTS_TURN_LABEL)
+    if missing is None:
+        try:
+            from agents import SQLiteSession  # type: ignore[import-not-found]
+        except Exception as exc:
+            missing = f"cannot import agents.SQLiteSession: {exc}"
+    if missing is not None:
+        return [], [skipped(i, "peer", label, missing, "items/s") for i, label in zip(ids, labels)]
     loop = asyncio.new_event_loop()
     stack.callback(loop.close)
     session = SQLiteSession("bench", os.path.join(directory, "peer-agents.db"))
-    if hasattr(session, "close"):
-        stack.callback(session.close)
-    items = [{"role": "user", "content": t} for t in texts]
-    state = [0]
-
-    def add_one() -> Work:
-        item = items[state[0] % len(items)]
-        state[0] += 1
-        loop.run_until_complete(session.add_items([item]))
-        return 1, len(item["content"])
-
-    return [Case(AGENTS_ID, "peer", AGENTS_LABEL, add_one, meta={"batch": 1})], []
+    stack.callback(session.close)
+    return _add_items_cases(session, loop, texts, ids, labels, "peer"), []
 
 
-def agents_adapter_results() -> list[Result]:
-    """HOOK(agents-adapter): sessionlog's OpenAI Agents SDK session adapter, measured with
-    ``add_items`` of one item per call against :data:`AGENTS_ID`, both durable. The adapter
-    does not exist yet; when it does, build a Case like :func:`agents_cases` over it."""
-    return [skipped("adapter/openai-agents/add-items-1", "peer", "sessionlog Agents SDK adapter, add_items 1 item",
-                    "no OpenAI Agents SDK session adapter in sessionlog yet")]
+def agents_adapter_cases(directory: str, texts: list[str], stack: contextlib.ExitStack,
+                         ) -> tuple[list[Case], list[Result]]:
+    """sessionlog's ``SessionLogSession`` on a JSONL store, the same calls as
+    :func:`agents_cases` (both durable on return)."""
+    ids, labels = (ADAPTER_ID, ADAPTER_TURN_ID), (ADAPTER_LABEL, ADAPTER_TURN_LABEL)
+    missing = _agents_missing()
+    if missing is not None:
+        return [], [skipped(i, "peer", label, missing, "items/s") for i, label in zip(ids, labels)]
+    from sessionlog.integrations.openai_agents import SessionLogSession
 
+    loop = asyncio.new_event_loop()
+    stack.callback(loop.close)
+    session = SessionLogSession("bench", store=f"jsonl:{os.path.join(directory, 'agents-adapter')}")
+    stack.callback(session.close)
+    return _add_items_cases(session, loop, texts, ids, labels, "peer"), []

@@ -25,6 +25,8 @@ GROUP_TITLES = {
 def reference_of(rid: str, row: dict[str, Any]) -> str | None:
     """The id of the result a row is compared with in the table (None: no comparison)."""
     group = row.get("group")
+    if rid.startswith("adapter/openai-agents/"):
+        return "peer/openai-agents/" + rid.rsplit("/", 1)[1]  # the SDK's SQLiteSession, same calls
     if group in ("append", "sessions", "peer") and row.get("batch"):
         return f"ceiling/sync-{row['batch']}"
     if group == "write-behind":

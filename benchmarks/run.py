@@ -111,9 +111,13 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
         results += r
     if settings.peers:
         cases += peers.sqlite3_cases(tmp, lines, stack)
-        c, r = peers.agents_cases(tmp, [e.get("content") or e.get("output") or "" for e in pool], stack)
+        texts = [e.get("content") or e.get("output") or "" for e in pool]
+        c, r = peers.agents_cases(tmp, texts, stack)
         cases += c
-        results += r + peers.agents_adapter_results()
+        results += r
+        c, r = peers.agents_adapter_cases(tmp, texts, stack)
+        cases += c
+        results += r
 
     progress(f"generating the transcript ({settings.scan_records:,}+ records, {settings.repair_mb:g}+ MB)")
     corpus = scans.make_corpus(settings.scan_records, int(settings.repair_mb * 1e6))

@@ -77,8 +77,12 @@ def all_targets(backends: list[str]) -> list[Target]:
             Target("zstd-ratio", "zstd compression ratio >= 3.5x at 64 records per frame",
                    "compression/zstd/stored-64", None, 1.0, constant=3.5),
         ]
-    out.append(Target("agents-adapter", "Agents SDK session adapter / SQLiteSession, add_items per item",
-                      "adapter/openai-agents/add-items-1", "peer/openai-agents/add-items-1", 1.5))
+    out += [
+        Target("agents-adapter", "Agents SDK SessionLogSession (jsonl) / SQLiteSession, add_items of 1 item",
+               "adapter/openai-agents/add-items-1", "peer/openai-agents/add-items-1", 1.5),
+        Target("agents-adapter-turn", "Agents SDK SessionLogSession (jsonl) / SQLiteSession, add_items of a turn",
+               "adapter/openai-agents/add-items-turn", "peer/openai-agents/add-items-turn", 1.5),
+    ]
     return out
 
 

@@ -624,3 +624,152 @@ def test_approval_resume_with_server_managed_state_delivers_each_output_once(
     results = {r["call_id"]: r["output"] for r in recs if r["type"] == "tool/result"}
     assert sorted(results) == calls and "not found" in results["c2"]
     assert delivery_state(recs).pending == []
+
+
+# --- reading only the latest records -------------------------------------------------------
+
+
+class CountingStore:
+    """A real store that remembers where each read of the session started."""
+
+    def __init__(self, store: sessionlog.EventStore) -> None:
+        self._store = store
+        self.url = store.url
+        self.reads: list[int] = []
+
+    def session(self, session_id: str, **options: Any) -> Any:
+        handle = self._store.session(session_id, **options)
+        reads = self.reads
+        original = handle.records
+
+        def records(after_seq: int = 0) -> Any:
+            reads.append(after_seq)
+            return original(after_seq)
+
+        handle.records = records
+        return handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def long_conversation(store: Any, turns: int) -> list[Any]:
+    session = SessionLogSession("long", store=store)
+    for n in range(turns):
+        await session.add_items([{"role": "user", "content": f"question {n}"}])
+        await session.add_items([
+            {"type": "function_call", "id": f"fc{n}", "call_id": f"c{n}", "name": "status", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{n}", "output": f"status {n}"},
+        ])
+        await session.add_items([{"type": "message", "id": f"m{n}", "role": "assistant", "content": f"answer {n}"}])
+    if turns % 3 == 0:
+        await session.pop_item()
+    items = await session.get_items()
+    session.close()
+    return items
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgresql"])
+def test_a_limit_reads_only_the_latest_records_where_the_store_can(backend: str, tmp_path: Path) -> None:
+    gen = _url(backend, tmp_path)
+    with sessionlog.open_store(next(gen)) as store:
+        everything = asyncio.run(long_conversation(store, 300))
+        last = store.scan("long").last_seq
+        counting = CountingStore(store)
+
+        async def latest() -> tuple[list[Any], list[Any]]:
+            session = SessionLogSession("long", store=counting, session_settings={"limit": 10})
+            got = await session.get_items()
+            await session.add_items([{"role": "user", "content": "one more"}])
+            more = await session.get_items(limit=3)
+            session.close()
+            return got, more
+
+        got, more = asyncio.run(latest())
+        assert got == everything[-10:]
+        assert more == everything[-2:] + [{"role": "user", "content": "one more"}]
+        assert counting.reads and min(counting.reads) > last // 2  # never from the start
+        # A whole read happens only when asked for everything.
+        session = SessionLogSession("long", store=counting, session_settings={"limit": 10})
+        assert asyncio.run(session.get_items(limit=-1)) == everything + [{"role": "user", "content": "one more"}]
+        session.close()
+        assert 0 in counting.reads
+    gen.close()
+
+
+def test_a_replay_of_the_latest_records_agrees_with_a_whole_replay(tmp_path: Path) -> None:
+    """Every suffix of a log that a partial replay accepts gives the whole replay's state:
+    the same latest items, turn, step and open calls."""
+    from sessionlog.integrations.openai_agents import Conversation
+
+    with sessionlog.open_store("memory:") as store:
+        async def build() -> None:
+            session = SessionLogSession("conv", store=store)
+            hooks = session.run_hooks()
+            await converse("run", session, hooks)
+            await session.add_items([{"role": "user", "content": "x"}, {"role": "user", "content": "y"}])
+            await session.pop_item()
+            await session.clear_session()
+            await converse("run", session, None)
+            session.close()
+
+        asyncio.run(build())
+        asyncio.run(approval_run(approval_script(True), server_managed=False,
+                                 open_session=lambda: SessionLogSession("approvals", store=store)))
+        accepted = 0
+        for sid in ("conv", "approvals"):
+            recs = list(store.read(sid))
+            whole = Conversation()
+            for record in recs:
+                whole.feed(record)
+            for start in range(len(recs)):
+                part = Conversation(partial=True)
+                for record in recs[start:]:
+                    part.feed(record)
+                if not part.sufficient:
+                    continue
+                accepted += 1
+                assert part.items == whole.items[len(whole.items) - len(part.items):]
+                assert (part.turns, part.step_number, part.request) == (whole.turns, whole.step_number, whole.request)
+                assert (part.open_step is None) == (whole.open_step is None)
+                assert part.latest_calls.keys() == whole.latest_calls.keys()
+        assert accepted > 5
+
+
+@pytest.mark.parametrize("url_kind, offload, inline", [
+    ("jsonl", None, True), ("memory", None, True), ("sqlite", None, False), ("jsonl", True, False),
+])
+def test_where_appends_run(url_kind: str, offload: bool | None, inline: bool, tmp_path: Path) -> None:
+    """After the open (a worker thread), a local file or memory store appends on the event
+    loop's thread; SQL stores, or offload=True, in a worker thread."""
+    import threading
+
+    gen = _url(url_kind, tmp_path)
+    with sessionlog.open_store(next(gen)) as store:
+        counting = CountingStore(store)
+        threads: list[str] = []
+        session_of = counting.session
+
+        def session(session_id: str, **options: Any) -> Any:
+            handle = session_of(session_id, **options)
+            append = handle.append
+
+            def recording(events: Any, **kw: Any) -> int:
+                threads.append(threading.current_thread().name)
+                return append(events, **kw)
+
+            handle.append = recording
+            return handle
+
+        counting.session = session  # type: ignore[method-assign]
+
+        async def scenario() -> str:
+            s = SessionLogSession("s", store=counting, offload=offload)
+            await s.get_items()
+            await s.add_items([{"role": "user", "content": "hi"}])
+            s.close()
+            return threading.current_thread().name
+
+        loop_thread = asyncio.run(scenario())
+        assert (threads == [loop_thread]) is inline
+    gen.close()

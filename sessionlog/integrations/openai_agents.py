@@ -47,13 +47,17 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
-from agents.items import ItemHelpers, ModelResponse, TResponseInputItem
-from agents.lifecycle import RunHooks
-from agents.memory import SessionSettings
-from agents.run_context import RunContextWrapper
-from agents.tool_context import ToolContext
 
 import sessionlog
+from sessionlog.extras import require
+
+require("agents", extra="agents", purpose="sessionlog.integrations.openai_agents")
+
+from agents.items import ItemHelpers, ModelResponse, TResponseInputItem  # noqa: E402
+from agents.lifecycle import RunHooks  # noqa: E402
+from agents.memory import SessionSettings  # noqa: E402
+from agents.run_context import RunContextWrapper  # noqa: E402
+from agents.tool_context import ToolContext  # noqa: E402
 
 __all__ = ["SessionLogSession", "SessionLogRunHooks", "Conversation"]
 
@@ -190,9 +194,19 @@ class _Step:
 class Conversation:
     """The SDK items and the open step a session's records describe. Pure: feed it every
     record in order (committed :class:`~sessionlog.Record` objects or dicts with ``seq``
-    and ``type``); :attr:`items` is what ``get_items()`` returns."""
+    and ``type``); :attr:`items` is what ``get_items()`` returns.
 
-    def __init__(self) -> None:
+    ``partial=True``: only the log's latest records are fed. :attr:`items` are then the
+    conversation's latest items, and :attr:`sufficient` says whether the state equals what
+    a whole replay gives: the records reach back to a user message (a turn starts afresh
+    there), hold the latest assistant message, and nothing fed refers to a record before
+    them."""
+
+    def __init__(self, *, partial: bool = False) -> None:
+        self.partial = partial
+        self._anchored = False  # partial: a user message was fed
+        self._answered = False  # partial: an assistant message was fed (so the latest one)
+        self._dangling = False  # partial: something fed refers to an earlier record
         self.items: list[Any] = []
         self.turns = 0
         self.step_number = 0
@@ -212,7 +226,14 @@ class Conversation:
         seq = record["seq"]
         self.last_seq = seq
         if type_ == "user/message":
-            self.turns += 1
+            label = record.get("turn")
+            number = label[1:] if isinstance(label, str) and label.startswith("t") else ""
+            if number.isdigit():
+                self.turns = int(number)
+                self._anchored = True
+            else:
+                self.turns += 1
+                self._dangling |= self.partial
             self.step_number = 0
             self._add(record)
         elif type_ == "step/start":
@@ -220,6 +241,7 @@ class Conversation:
             self.step_number = step if isinstance(step, int) else self.step_number + 1
             self.open_step = _Step(self.turn, self.step_number, len(self.items))
         elif type_ == "assistant/message":
+            self._answered = True
             items = record.get("items")
             step = self.open_step
             if step is None or step.calls:
@@ -252,6 +274,7 @@ class Conversation:
             if "item" in record:
                 self._add(record)
             elif record.get("synthetic") and not self._has_output(record.get("call_id")):
+                self._dangling |= self.partial and call is None
                 # sessionlog's repair answered the call: the SDK's output item for it.
                 self.items.append({
                     "type": call.output_type if call is not None else "function_call_output",
@@ -264,13 +287,18 @@ class Conversation:
         elif type_ == AGENTS_ITEM:
             self._add(record)
         elif type_ == AGENTS_ITEMS:
-            if record.get("replaces_from") is not None and self.provisional_from is not None:
+            replaces = record.get("replaces_from")
+            if replaces is not None and self.provisional_from is not None:
                 del self.items[self.provisional_from:]
+            if replaces is not None and replaces != self.provisional_seq:
+                self._dangling |= self.partial  # it replaces items from before these records
             self.provisional_from = self.provisional_seq = None
             self.items.extend(record.get("items") or ())
         elif type_ == AGENTS_POP:
             if self.items:
                 self.items.pop()
+            else:
+                self._dangling |= self.partial
             if self.provisional_from is not None and self.provisional_from > len(self.items):
                 self.provisional_from = len(self.items)
         elif type_ == "llm/request":
@@ -305,6 +333,11 @@ class Conversation:
             isinstance(i, Mapping) and i.get("type") in _OUTPUT_TYPES and i.get("call_id") == call_id
             for i in self.items[start:]
         )
+
+    @property
+    def sufficient(self) -> bool:
+        """True when this replay's state is a whole replay's (always, unless partial)."""
+        return not self.partial or (self._anchored and self._answered and not self._dangling)
 
     @property
     def suspended(self) -> bool:
@@ -587,6 +620,9 @@ class _AddPlan:
 # --- the session -------------------------------------------------------------------------
 
 _T = TypeVar("_T")
+_LOCAL_SCHEMES = frozenset({"jsonl", "zstd", "memory"})
+_FILE_SCHEMES = frozenset({"jsonl", "zstd"})  # a read from a seq scans from the start
+_WINDOW = 256  # records a partial replay reads first
 
 
 class SessionLogSession:
@@ -600,6 +636,13 @@ class SessionLogSession:
     repairs the log once, durably (sessionlog's repair, never forced); a log whose damage
     needs ``--force`` raises :class:`sessionlog.CorruptLog`.
 
+    Where the work runs: opening (which reads the log, and repairs it after a crash) runs
+    in a worker thread. After that, on a local file or memory store an operation is one
+    write and one ``fdatasync`` of a few hundred bytes (the session's lock is already held)
+    and runs on the event loop's thread; on SQL stores (a busy wait, a network round trip)
+    it runs in a worker thread. ``offload=True`` always uses a worker thread,
+    ``offload=False`` never does after the open.
+
     Every method accepts the Runner's ``wrapper`` keyword (unused). Errors are
     :class:`sessionlog.SessionLogError` subclasses.
     """
@@ -612,6 +655,7 @@ class SessionLogSession:
         store: str | sessionlog.EventStore,
         *,
         session_settings: SessionSettings | Mapping[str, Any] | None = None,
+        offload: bool | None = None,
     ) -> None:
         self.session_id = session_id
         if isinstance(session_settings, Mapping):
@@ -623,6 +667,9 @@ class SessionLogSession:
         else:
             self._store = store
             self._owns_store = False
+        scheme = sessionlog.scheme_of(self._store.url)
+        self._offload = scheme not in _LOCAL_SCHEMES if offload is None else offload
+        self._seekable = scheme not in _FILE_SCHEMES
         self._handle: sessionlog.SessionHandle | None = None
         self._conversation = Conversation()
         self._lock = threading.Lock()
@@ -639,6 +686,7 @@ class SessionLogSession:
             limit = self.session_settings.limit
 
         def read() -> list[Any]:
+            self._whole(limit if limit is not None and limit >= 0 else None)
             items = self._conversation.items
             if limit is not None and limit >= 0:
                 items = items[len(items) - limit:] if limit else []
@@ -660,6 +708,7 @@ class SessionLogSession:
         The log keeps it: an ``agents/pop`` record is appended."""
 
         def pop() -> Any:
+            self._whole(1)
             items = self._conversation.items
             if not items:
                 return None
@@ -753,7 +802,8 @@ class SessionLogSession:
             raise sessionlog.StoreClosed(f"session {self.session_id!r} is closed")
 
     async def _run(self, operation: Callable[[], _T]) -> _T:
-        """Run ``operation`` in a worker thread, alone, with the session open."""
+        """Run ``operation`` alone, with the session open (see the class docstring for
+        the thread it runs on). Once started it completes even if the caller is cancelled."""
 
         def locked() -> _T:
             with self._lock:
@@ -762,18 +812,18 @@ class SessionLogSession:
                     self._open()
                 return operation()
 
-        return await asyncio.to_thread(locked)
+        if self._offload or self._handle is None:
+            return await asyncio.to_thread(locked)
+        return locked()
 
     def _open(self) -> None:
         store, sid = self._store, self.session_id
-        conversation = Conversation()
         try:
             handle = store.session(sid, create=True)
         except sessionlog.CorruptLog:
             handle = store.session(sid, repair=True)
         try:
-            for record in handle.records():
-                conversation.feed(record)
+            conversation = self._replay(handle)
             if conversation.needs_repair:
                 # The last writer died inside a step: answer its calls once, durably.
                 handle.close()
@@ -784,6 +834,35 @@ class SessionLogSession:
             handle.close()
             raise
         self._handle, self._conversation = handle, conversation
+
+    def _replay(self, handle: sessionlog.SessionHandle) -> Conversation:
+        """The conversation the log holds. Where a read can start at a seq without reading
+        what is before it (SQL and memory stores), only the latest records are read, as
+        many as it takes to reach back to a user message; a file store is read whole."""
+        last = handle.last_seq
+        window = _WINDOW
+        while self._seekable and window < last:
+            conversation = Conversation(partial=True)
+            for record in handle.records(last - window):
+                conversation.feed(record)
+            if conversation.sufficient:
+                return conversation
+            window *= 4
+        conversation = Conversation()
+        for record in handle.records():
+            conversation.feed(record)
+        return conversation
+
+    def _whole(self, enough: int | None) -> None:
+        """Make sure the conversation holds at least its latest ``enough`` items (None:
+        all of them), reading the whole log if a partial replay holds fewer."""
+        conversation = self._conversation
+        if conversation.partial and (enough is None or enough > len(conversation.items)):
+            assert self._handle is not None
+            whole = Conversation()
+            for record in self._handle.records():
+                whole.feed(record)
+            self._conversation = whole
 
     def _append(self, events: list[dict[str, Any]]) -> None:
         """Append ``events`` as one durable batch and account for them."""
