@@ -349,7 +349,8 @@ def check_pairing(
       else is a violation.
     - ``responses``: every ``function_call`` has a non-empty ``call_id`` unique in the
       input; every ``function_call_output`` answers an earlier, still unanswered
-      ``function_call``; every ``function_call`` is answered once. ``server_calls`` are call ids a
+      ``function_call``; no ``message`` item comes between a ``function_call`` and its
+      output; every ``function_call`` is answered once. ``server_calls`` are call ids a
       server-side conversation already holds (a request continuing
       ``previous_response_id`` or a ``conversation`` sends only their outputs).
     - ``anthropic``: ``tool_use`` ids match ``^[a-zA-Z0-9_-]+$`` and are unique in the
@@ -428,6 +429,10 @@ def _check_responses(items: list[Mapping[str, Any]], server_calls: Collection[st
             if not isinstance(item.get("arguments"), str):
                 return Violation(call_id, i, f"item {i}: function_call {call_id!r} arguments are not a JSON string")
             open_calls[call_id] = i
+        elif kind == "message" and open_calls:
+            call_id, index = next(iter(open_calls.items()))
+            return Violation(call_id, i, f"item {i}: a message comes before the output of function_call "
+                             f"{call_id!r} (item {index})")
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if call_id in open_calls:

@@ -310,6 +310,8 @@ def test_checkers_refuse_ids_a_provider_refuses() -> None:
     out = {"type": "function_call_output", "call_id": "a", "output": "x"}
     msg = {"type": "message", "role": "user", "content": "hi"}
     assert check_pairing([fc, out, msg], "responses") is None
+    v = check_pairing([fc, msg, out], "responses")
+    assert (v.call_id, v.index) == ("a", 1)
     assert check_pairing([fc, out, dict(fc), dict(out)], "responses").index == 2
 
 
