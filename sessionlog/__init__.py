@@ -40,7 +40,7 @@ from .delivery import pending_deliveries
 from .extras import MissingExtra
 from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
 from .projection import check_pairing, project
-from .recovery import OutsideStep, StepScope, ToolOutcome, dispatch_tools
+from .recovery import NotAwaitingApproval, OutsideStep, StepScope, ToolOutcome, dispatch_tools
 from .scan import Limits
 from .writer import WriteBehind
 
@@ -117,6 +117,7 @@ __all__ = [
     "Status",
     "StoreClosed",
     "UnsupportedFormat",
+    "NotAwaitingApproval",
     "OutsideStep",
     "StepScope",
     "ToolOutcome",

@@ -51,15 +51,17 @@ from .contract import InvalidEvent, SequenceConflict, SessionLogError, events_li
 from .delivery import LLM_REQUEST, LLM_RESPONSE
 from .events import (
     TOOL_CALL,
+    TOOL_NOT_STARTED,
     TOOL_RESULT,
     TURN_END,
     Record,
     ToolCallRequest,
     requested_calls,
 )
-from .transcript import PendingCalls, closers, recovery_results
+from .transcript import PendingCalls, approval_event, closers, recovery_results, rejected_text
 
 _T = TypeVar("_T")
+
 
 class Appender(Protocol):
     """What a step scope needs from a session handle (``store.session(id)``, or any
@@ -293,6 +295,53 @@ class StepScope:
         assert tc.outcome is not None
         return tc.outcome
 
+    # -- approvals ----------------------------------------------------------------------
+
+    async def request_approval(self, call: ToolCallRequest | Mapping[str, Any], *, by: str | None = None,
+                               reason: str | None = None) -> int:
+        """Pause ``call`` for a human's decision: appends ``tool/approval`` with state
+        ``requested`` (durable on return; returns its seq). Do not run the call until it
+        is approved. Until then live step recovery and crash repair never answer it and
+        leave its step and turn open (the session scans ``suspended``); the runtime may
+        stop here and resume later (:meth:`WriteBehind.step` with ``resume=True``).
+        Raises OutsideStep outside a step."""
+        turn, step = self.position("an approval request")
+        found = _as_call(call)
+        return await self.append_async([approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
+
+    def awaiting_approval(self) -> list[str]:
+        """The call ids whose latest ``tool/approval`` is ``requested``, in log order."""
+        return [c.call_id for c in self.tracker.awaiting()]
+
+    def _awaiting(self, call_id: str) -> Any:
+        for call in self.tracker.awaiting():
+            if call.call_id == call_id:
+                return call
+        raise NotAwaitingApproval(
+            f"call {call_id!r} is not awaiting approval (no tool/approval 'requested' is its latest "
+            "state in the scope's view of the session)"
+        )
+
+    async def approve(self, call_id: str, *, by: str | None = None, reason: str | None = None) -> int:
+        """Record that a human approved the awaiting call ``call_id`` (``tool/approval``
+        ``approved``; durable on return). Then run it as usual (:meth:`run_tool` /
+        :meth:`tool_call`: ``tool/call`` first). Raises NotAwaitingApproval."""
+        call = self._awaiting(call_id)
+        return await self.append_async([approval_event(call_id, "approved", turn=call.turn, step=call.step, by=by, reason=reason)])
+
+    async def reject(self, call_id: str, *, by: str | None = None, reason: str | None = None) -> int:
+        """Record that a human rejected the awaiting call ``call_id``: ``tool/approval``
+        ``rejected`` and the call's ``tool/result`` (an error the model reads: the call was
+        rejected and did not run, code ``TOOL_NOT_STARTED``), in one durable batch.
+        Raises NotAwaitingApproval."""
+        call = self._awaiting(call_id)
+        text = rejected_text(call.name, call_id)
+        if reason:
+            text += f" Reason given: {reason}"
+        result = {"type": TOOL_RESULT, "turn": call.turn, "step": call.step, "call_id": call_id,
+                  "name": call.name, "output": text, "is_error": True, "code": TOOL_NOT_STARTED}
+        return await self.append_async([approval_event(call_id, "rejected", turn=call.turn, step=call.step, by=by, reason=reason), result])
+
     def model_request(self, request: str, results: Sequence[str] = ()) -> ModelRequest:
         """A :class:`ModelRequest` checkpoint: ``async with step.model_request("r1", results=ids)``."""
         return ModelRequest(self, request, results)
@@ -349,6 +398,10 @@ reads the exception text as the tool's output, and the step goes on."""
 TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
 """``code`` of the local error result :func:`dispatch_tools` records for a call naming a
 tool it does not have (not synthetic: the runtime answered it; the model should know)."""
+
+
+class NotAwaitingApproval(SessionLogError):
+    """An approval was resolved for a call that is not awaiting one."""
 
 
 class OutsideStep(SessionLogError):
@@ -583,6 +636,7 @@ __all__ = [
     "TOOL_NOT_FOUND",
     "Appender",
     "ModelRequest",
+    "NotAwaitingApproval",
     "OutsideStep",
     "StepScope",
     "ToolCall",

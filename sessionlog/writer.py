@@ -203,13 +203,23 @@ class WriteBehind:
         s.append(events, expect_seq=...)`` is durable on return."""
         return WriterSession(self, session_id)
 
-    def step(self, session_id: str, *, turn: str | None = None, step: int | None = None, **options: Any) -> Any:
+    def step(self, session_id: str, *, turn: str | None = None, step: int | None = None, resume: bool = False,
+             **options: Any) -> Any:
         """A :class:`~sessionlog.recovery.StepScope` over this writer:
         ``async with writer.step("s1", turn="t1", step=1) as step: ...`` (checkpoints,
-        tool-call scopes, approvals, live step recovery). ``options`` go to StepScope."""
+        tool-call scopes, approvals, live step recovery). ``resume=True`` picks up the
+        session where its durable log leaves it (the open turn and step, the calls
+        awaiting approval), e.g. after a pause for a human: it reads the log, so flush
+        this writer's events for the session first. ``options`` go to StepScope."""
         from .recovery import StepScope
+        from .transcript import PendingCalls
 
-        return StepScope(self.session(session_id), turn=turn, step=step, **options)
+        if not resume:
+            return StepScope(self.session(session_id), turn=turn, step=step, **options)
+        tracker = PendingCalls().feed_all(self.store.read(session_id))
+        scope = StepScope(self.session(session_id), tracker=tracker, **options)
+        scope.last_seq = tracker.last_seq
+        return scope
 
     def failure(self, session_id: str) -> BaseException | None:
         """What keeps the session's queue from being written (None when it is healthy)."""

@@ -19,6 +19,7 @@ import sessionlog
 from sessionlog.backends.jsonl import open_jsonl
 from sessionlog.durable import FileSystem
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
+from sessionlog.delivery import pending_deliveries
 from sessionlog.projection import FORMATS, check_pairing, project
 from sessionlog.recovery import (
     TOOL_NOT_FOUND,
@@ -600,3 +601,97 @@ def test_example_agent_loop_runs(tmp_path: Path) -> None:
         view = project(records, fmt)
         assert check_pairing(view.items, fmt) is None and view.issues == []
     assert "final answer" in done.stdout
+
+
+# --- approvals in the step scope ---------------------------------------------------------
+
+
+APPROVAL_CALLS = [{"id": "c1", "name": "deploy", "arguments": {"v": 2}},
+                  {"id": "c2", "name": "summon_unicorn", "arguments": {}},
+                  {"id": "c3", "name": "search", "arguments": {"q": "x"}}]
+
+
+async def _start_and_pause(store: sessionlog.EventStore, fail: bool = False) -> None:
+    """Step 1 asks for three calls: c1 needs a human, c2 names an unknown tool, c3 runs
+    (or, with ``fail``, the step fails before c3 starts)."""
+
+    async def search(args: Any) -> str:
+        return "found"
+
+    async with store.writer() as writer, writer.step("s1", turn="t1") as step:
+        await step.append_async([{"type": "step/start", "turn": "t1", "step": 1}])
+        async with step.model_request("r1"):
+            pass
+        await step.append_async([{"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+                                  "tool_calls": APPROVAL_CALLS}])
+        await step.request_approval(APPROVAL_CALLS[0], reason="deploys to production")
+        assert step.awaiting_approval() == ["c1"]
+        await dispatch_tools(step, APPROVAL_CALLS[1:2], {"search": search})  # unknown tool: a local error
+        if fail:
+            raise SchedulerError("the runtime died mid-step")
+        await dispatch_tools(step, APPROVAL_CALLS[2:], {"search": search})
+
+
+def test_live_recovery_never_answers_a_call_awaiting_approval(store: sessionlog.EventStore) -> None:
+    with pytest.raises(SchedulerError):
+        asyncio.run(_start_and_pause(store, fail=True))
+    results = {r["call_id"]: r.get("code") for r in store.read("s1") if r["type"] == "tool/result"}
+    assert results == {"c2": "TOOL_NOT_FOUND", "c3": TOOL_NOT_STARTED}  # c1 is left to the human
+    types = [r["type"] for r in store.read("s1")]
+    assert "step/end" not in types and "turn/end" not in types  # held open by the awaiting call
+    assert store.scan("s1").status == sessionlog.Status.SUSPENDED
+
+
+def test_resume_approve_and_run(store: sessionlog.EventStore) -> None:
+    asyncio.run(_start_and_pause(store))
+    assert store.scan("s1").status == sessionlog.Status.SUSPENDED
+
+    async def deploy(args: Any) -> str:
+        return f"deployed v{args['v']}"
+
+    async def resume() -> list[str]:
+        async with store.writer() as writer, writer.step("s1", resume=True) as step:
+            assert step.awaiting_approval() == ["c1"]
+            with pytest.raises(sessionlog.SessionLogError):
+                await step.approve("c3")  # not awaiting
+            await step.approve("c1", by="alice")
+            await step.run_tool(APPROVAL_CALLS[0], deploy)
+            owed = [p.call_id for p in pending_deliveries(list(store.read("s1")))]
+            await step.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                                     {"type": "turn/end", "turn": "t1", "status": "completed"}])
+            return owed
+
+    owed = asyncio.run(resume())
+    assert owed == ["c1", "c2", "c3"]  # every result produced before and after the pause, once
+    approvals = [(r["state"], r.get("by")) for r in store.read("s1") if r["type"] == "tool/approval"]
+    assert approvals == [("requested", None), ("approved", "alice")]
+    assert_clean_after(store)
+
+
+def test_resume_and_reject_writes_the_result(store: sessionlog.EventStore) -> None:
+    asyncio.run(_start_and_pause(store))
+
+    async def resume() -> None:
+        async with store.writer() as writer, writer.step("s1", resume=True) as step:
+            await step.reject("c1", by="bob", reason="not on a Friday")
+            assert step.awaiting_approval() == []
+            await step.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                                     {"type": "turn/end", "turn": "t1", "status": "completed"}])
+
+    asyncio.run(resume())
+    records = list(store.read("s1"))
+    rejected = [r for r in records if r["type"] == "tool/result" and r["call_id"] == "c1"]
+    assert len(rejected) == 1 and rejected[0]["is_error"] and "not on a Friday" in rejected[0]["output"]
+    assert [r["type"] for r in records if r["type"] == "tool/call"] == ["tool/call"]  # only c3 ever ran
+    assert_clean_after(store)
+
+
+def test_approval_outside_a_step_is_refused(store: sessionlog.EventStore) -> None:
+    async def main() -> None:
+        async with store.writer() as writer:
+            step = writer.step("s1", turn="t1")
+            with pytest.raises(OutsideStep):
+                await step.request_approval(APPROVAL_CALLS[0])
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "turn/start", "user/message"]
