@@ -458,11 +458,12 @@ def test_ambiguous_synthetic_results_name_their_assistant_message() -> None:
 # Random logs: any interleaving of turns, steps, assistant messages, calls and results.
 
 @st.composite
-def interleaved_logs(draw: st.DrawFn) -> list[dict[str, Any]]:
+def interleaved_logs(draw: st.DrawFn, approvals: bool = False) -> list[dict[str, Any]]:
     """Events in any order a runtime, a crash or a bug could leave: turns and steps opened
     over open ones, several assistant messages in one step, call ids reused (also ""),
-    results for any call still owed one, ended at any point. A result is only written for
-    a call instance that has none (the oracle counts results per id)."""
+    results for any call still owed one, ended at any point, and with ``approvals`` any
+    ``tool/approval`` for a call still owed a result. A result is only written for a call
+    instance that has none (the oracle counts results per id)."""
     events: list[dict[str, Any]] = []
     turns: list[str] = []
     owed: list[tuple[str, str, int]] = []  # (turn, call id, step) without a result
@@ -470,7 +471,7 @@ def interleaved_logs(draw: st.DrawFn) -> list[dict[str, Any]]:
     step = 0
     for _ in range(draw(st.integers(0, 40))):
         action = draw(st.sampled_from(["turn", "step", "assistant", "call", "result", "result",
-                                       "end-step", "end-turn", "user"]))
+                                       "end-step", "end-turn", "user"] + (["approval"] if approvals else [])))
         turn = turns[-1] if turns else None
         if action == "turn" or turn is None:
             n_turns += 1
@@ -499,6 +500,10 @@ def interleaved_logs(draw: st.DrawFn) -> list[dict[str, Any]]:
             turns.remove(events[-1]["turn"])
         elif action == "user":
             events.append({"type": "user/message", "turn": turn, "content": "more"})
+        elif action == "approval" and owed:
+            t, cid, s = draw(st.sampled_from(owed))
+            events.append({"type": "tool/approval", "turn": t, "step": s, "call_id": cid,
+                           "state": draw(st.sampled_from(["requested", "requested", "approved", "rejected"]))})
     return events
 
 
@@ -519,3 +524,32 @@ def test_after_crash_repair_every_call_is_answered_once_and_everything_is_closed
     for fmt in FORMATS:
         view = project(repaired, fmt)
         assert check_pairing(view.items, fmt) is None, (fmt, check_pairing(view.items, fmt))
+
+
+@settings(max_examples=150, deadline=None)
+@given(interleaved_logs(approvals=True))
+def test_through_a_store_repair_leaves_a_clean_or_suspended_session(events) -> None:
+    import sessionlog
+    from sessionlog.projection import FORMATS, check_pairing, project
+
+    store = sessionlog.open_store("memory:")
+    store.create("s1", events)
+    first = store.scan("s1")
+    store.repair("s1")
+    scan = store.scan("s1")
+    if scan.status == "suspended":
+        # all that is left is calls awaiting a human, and what holds them
+        assert scan.unanswered_calls == scan.awaiting_approval != []
+        assert store.repair("s1").status == "clean"  # nothing more to do
+        for fmt in FORMATS:
+            assert check_pairing(project(list(store.read("s1")), fmt).items, fmt) is None
+    else:
+        assert scan.status == "clean", (first.status, scan)
+    store.repair("s1", expire_approvals=True)
+    assert store.scan("s1").status == "clean"
+    records = list(store.read("s1"))
+    requested, results = answer_counts(records)
+    assert requested == results
+    assert closure_problems(records) == []
+    for fmt in FORMATS:
+        assert check_pairing(project(records, fmt).items, fmt) is None
