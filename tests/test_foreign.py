@@ -311,7 +311,10 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
 
 def pairs_every_call_once(fmt: foreign.ForeignFormat, data: bytes) -> None:
     lines = split_lines(data)
-    assert check_pairing(fmt.native_items(lines), fmt.native_view) is None
+    violation = check_pairing(fmt.native_items(lines), fmt.native_view)
+    # A flipped byte can make an id one the provider refuses: that is not pairing, and
+    # repair does not rename ids.
+    assert violation is None or "does not match" in violation.message, violation
     if fmt.name == "codex":
         # Over the whole file, per stretch between compactions: every call has exactly one
         # output, every output one call.
@@ -443,3 +446,21 @@ def test_codex_output_after_a_message_moves_before_it_unchanged():
     assert sorted(after) == sorted(lines)  # the same lines, byte for byte: one moved
     assert after.index(lines[22]) < after.index(message)
     check_repair(fmt, data, force=False)
+
+
+def test_claude_entries_chained_to_a_removed_line_are_reattached_to_its_parent():
+    lines = raw_lines(load(os.path.join(CLAUDE, "interrupted-parallel.jsonl")))
+    at = next(i for i, raw in enumerate(lines) if b'"uuid":"00000003-' in raw)
+    middle = lines[at].index(b"Je lance")
+    lines[at] = lines[at][:middle] + b"\xff\xfe" + lines[at][middle + 2:]  # undecodable, uuid still readable
+    data = b"".join(lines)
+    fmt = foreign.get("claude-code")
+    exam = foreign.examine(data, fmt, force=True)
+    assert "reattached" in [f.kind for f in exam.findings]
+    first_question = "Déploie la version 1.2.3"
+    assert first_question not in json.dumps(fmt.native_items(exam.lines), ensure_ascii=False)  # lost on resume
+    repaired = exam.repaired()
+    assert first_question in json.dumps(fmt.native_items(split_lines(repaired)), ensure_ascii=False)
+    child = next(json.loads(raw) for raw in raw_lines(repaired) if b'"uuid":"00000004-' in raw)
+    assert child["parentUuid"].startswith("00000002-")
+    check_repair(fmt, data, force=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid as uuidlib
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 from . import content_text
 from .answers import answer_code, answer_text, orphan_text
 from .lines import Line, decode_line, encode_entry
-from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
+from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, UNANSWERED_CALL, Analysis, Finding
 
 CONVERSATION = frozenset({"user", "assistant"})
 TYPES = frozenset({
@@ -241,13 +242,17 @@ def _evidence(lines: list[Line], asking: set[int], results: set[int]) -> dict[st
     return found
 
 
-def _reparented(line: Line, new_parent: str) -> bytes:
+_UUID = re.compile(rb'"uuid":"([0-9A-Za-z_-]{1,100})"')
+_PARENT = re.compile(rb'\{"parentUuid":(null|"([0-9A-Za-z_-]{1,100})")')
+
+
+def _reparented(line: Line, new_parent: str | None) -> bytes:
     """``line`` with ``parentUuid`` set to ``new_parent``: the one member changed in
     place when the bytes allow it, else the object re-encoded (members in order)."""
     obj = dict(line.obj or {})
     old = obj.get("parentUuid")
     obj["parentUuid"] = new_parent
-    if isinstance(old, str):
+    if isinstance(old, str) or old is None:
         needle = b'"parentUuid":' + json.dumps(old).encode()
         if line.raw.count(needle) == 1:
             raw = line.raw.replace(needle, b'"parentUuid":' + json.dumps(new_parent).encode())
@@ -308,7 +313,7 @@ class ClaudeCode:
         asking = {i for g in groups for i in g.entries}
         results = {i for g in groups for i in g.results}
         evidence = _evidence(lines, asking, results)
-        new_parent: dict[int, str] = {}
+        new_parent: dict[int, str | None] = {}
         bad_at: dict[int, set[int]] = {}
         for index, position, _, _ in bad:
             bad_at.setdefault(index, set()).add(position)
@@ -354,6 +359,9 @@ class ClaudeCode:
                 f"tool_result for {rid!r} " + ("answers no tool_use of the message before it"
                                                if kind == ORPHAN_RESULT else "repeats an earlier answer")
                 + "; repair keeps it as a text block", call_id=rid))
+        for line in lines:
+            if line.obj is None and not line.blank:
+                self._reattach_children_of_lost(tree, line, new_parent, analysis)
         for index in sorted(set(new_parent) | set(orphans)):
             if index in orphans:
                 obj = dict(tree.obj(index))
@@ -364,13 +372,37 @@ class ClaudeCode:
             else:
                 plan.replace[index] = _reparented(lines[index], new_parent[index])
         for index in tree.entries:
-            parent = tree.obj(index).get("parentUuid")
+            parent = new_parent.get(index, tree.obj(index).get("parentUuid"))
             if isinstance(parent, str) and parent not in tree.by_uuid:
                 analysis.findings.append(Finding(
                     BROKEN_CHAIN, lines[index].number,
                     f"parentUuid {parent} names no entry of this file: resume loses what came before",
                     repairable=False))
         return analysis
+
+    @staticmethod
+    def _reattach_children_of_lost(tree: _Tree, line: Line, new_parent: dict[int, str | None],
+                                   analysis: Analysis) -> None:
+        """An undecodable line is cut (the tail) or, with force, removed (mid-log): the
+        entries chained to it would lose everything above them on resume. When its own
+        ``uuid`` and ``parentUuid`` can still be read from its bytes, they are re-attached
+        to its parent."""
+        lost = _UUID.findall(line.raw)
+        above = _PARENT.match(line.raw)
+        if not lost or above is None:
+            return
+        uid = lost[-1].decode("utf-8", "replace")
+        kids = [k for k in tree.children.get(uid, ()) if k not in new_parent]
+        if not kids or uid in tree.by_uuid:
+            return
+        parent = None if above.group(1) == b"null" else above.group(2).decode("utf-8", "replace")
+        for kid in kids:
+            new_parent[kid] = parent
+        analysis.findings.append(Finding(
+            REATTACHED, line.number,
+            f"line {line.number} does not decode and {len(kids)} entr{'y' if len(kids) == 1 else 'ies'} "
+            f"chained to it (uuid {uid}) would lose what came before on resume; repair re-attaches them to "
+            f"its parent {parent}"))
 
     # --- views ---------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ DUPLICATE_CALL = "duplicate-call"
 MISPLACED_OUTPUT = "misplaced-output"
 MISSING_NEWLINE = "missing-newline"
 GLUED_LINE = "glued-line"
+REATTACHED = "reattached"
 BROKEN_CHAIN = "broken-chain"
 """A ``parentUuid`` naming no entry of the file: resume loses the history before it.
 Reported, never guessed at."""
