@@ -285,8 +285,13 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
     old = raw_lines(before)
     new = iter(raw_lines(after))
     plan = exam.plan
+    moved_to: dict[int, list[int]] = {}
+    for index, target in sorted(plan.move.items()):
+        moved_to.setdefault(target, []).append(index)
     for i, raw in enumerate(old):
-        if i not in plan.drop:
+        if i in plan.move:
+            assert exam.format.name == "codex"
+        if i not in plan.drop and i not in plan.move:
             got = next(new)
             if i in plan.replace:
                 was, now = json.loads(raw[plan.cut.get(i, 0):]), json.loads(got)
@@ -297,6 +302,8 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
                 assert got == raw + b"\n"
             else:
                 assert got == raw
+        for m in moved_to.get(i, ()):
+            assert next(new) == plan.replace.get(m, old[m])  # moved, byte for byte (a glued line: its entry)
         for _ in plan.insert_after.get(i, ()):
             assert is_answer(next(new))
     assert next(new, None) is None
@@ -423,6 +430,21 @@ def test_a_write_glued_onto_a_torn_line_keeps_the_entry(path):
     assert exam.plan.quarantined(exam.lines) == [torn]
     after = raw_lines(exam.repaired())
     assert lines[at + 1] in after or fmt.name == "claude-code"  # the entry stays (maybe re-parented)
+    check_repair(fmt, data, force=False)
+
+
+def test_codex_output_after_a_message_moves_before_it_unchanged():
+    lines = raw_lines(load(os.path.join(CODEX, "healthy.jsonl")))
+    message = lines.pop(23)
+    lines.insert(21, message)  # the assistant's message now sits between call_D4mypy and its output
+    data = b"".join(lines)
+    fmt = foreign.get("codex")
+    exam = foreign.examine(data, fmt)
+    assert check_pairing(fmt.native_items(exam.lines), "responses") is not None
+    assert [f.kind for f in exam.findings] == ["misplaced-output"]
+    after = raw_lines(exam.repaired())
+    assert sorted(after) == sorted(lines)  # the same lines, byte for byte: one moved
+    assert after.index(lines[22]) < after.index(message)
     check_repair(fmt, data, force=False)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from . import content_text
 from .answers import answer_code, answer_text
 from .lines import Line, encode_entry
-from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
+from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
 
 TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
 ANSWER = {
@@ -136,9 +136,12 @@ class Codex:
         for epoch in _epochs(lines):
             calls: dict[str, tuple[int, Mapping[str, Any]]] = {}
             answered: set[str] = set()
+            last_message = -1  # line of the latest message item in the stretch
             for index, item in epoch:
                 kind = item.get("type")
                 cid = _call_id(item)
+                if kind == "message":
+                    last_message = index
                 if kind in ANSWER and cid is not None:
                     if cid not in calls:
                         calls[cid] = (index, item)
@@ -153,6 +156,17 @@ class Codex:
                     bad = ORPHAN_RESULT if cid not in calls else DUPLICATE_RESULT if cid in answered else None
                     if bad is None:
                         answered.add(cid)
+                        call_line = calls[cid][0]
+                        if call_line < last_message and call_line < index and lines[index].obj is not None \
+                                and lines[index].obj.get("type") == "response_item":
+                            # A message between a call and its output is rejected: the output
+                            # moves, byte for byte, to where an answer to the call goes.
+                            plan.move[index] = self._answer_point(lines, call_line)
+                            analysis.findings.append(Finding(
+                                MISPLACED_OUTPUT, lines[index].number,
+                                f"{kind} for {cid} comes after a message that follows its call (line "
+                                f"{lines[call_line].number}); repair moves the line, unchanged, before that "
+                                "message", call_id=cid))
                     elif lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
                         plan.drop[index] = bad
                         analysis.orphans.append(cid)

@@ -17,6 +17,7 @@ UNANSWERED_CALL = "unanswered-call"
 ORPHAN_RESULT = "orphan-result"
 DUPLICATE_RESULT = "duplicate-result"
 DUPLICATE_CALL = "duplicate-call"
+MISPLACED_OUTPUT = "misplaced-output"
 MISSING_NEWLINE = "missing-newline"
 GLUED_LINE = "glued-line"
 REATTACHED = "reattached"
@@ -62,13 +63,17 @@ class Plan:
     insert_after: dict[int, list[bytes]] = field(default_factory=dict)
     terminate: int | None = None
     added: list[dict[str, Any]] = field(default_factory=list)
+    move: dict[int, int] = field(default_factory=dict)
+    """Lines kept byte for byte but moved: line index -> the line they go after (before the
+    insertions there)."""
     cut: dict[int, int] = field(default_factory=dict)
     """Glued lines: line index -> how many leading (torn) bytes go to the quarantine file;
     ``replace`` holds what stays of the line."""
 
     @property
     def empty(self) -> bool:
-        return not (self.drop or self.replace or self.insert_after or self.cut or self.terminate is not None)
+        return not (self.drop or self.replace or self.insert_after or self.cut or self.move
+                    or self.terminate is not None)
 
     def quarantined(self, lines: list[Line]) -> list[bytes]:
         """The bytes the plan removes, in file order: dropped lines and torn prefixes."""
@@ -84,23 +89,32 @@ class Plan:
         """True when applying the plan only adds bytes at the end of the file (a durable
         append is enough: every existing byte stays where it is)."""
         last = len(lines) - 1
-        return not (self.drop or self.replace or self.cut) and all(i == last for i in self.insert_after)
+        return not (self.drop or self.replace or self.cut or self.move) and all(
+            i == last for i in self.insert_after)
 
     def changed_lines(self) -> list[int]:
-        """1-based numbers of existing lines the plan drops or rewrites."""
-        return sorted(i + 1 for i in set(self.drop) | set(self.replace))
+        """1-based numbers of existing lines the plan drops, rewrites or moves."""
+        return sorted(i + 1 for i in set(self.drop) | set(self.replace) | set(self.move))
 
 
 def apply(lines: list[Line], plan: Plan) -> list[bytes]:
     """The repaired file as chunks: every line the plan does not name, byte for byte, in
     order, with the plan's replacements and insertions."""
     out: list[bytes] = []
+    moved: dict[int, list[int]] = {}
+    for index, after in sorted(plan.move.items()):
+        moved.setdefault(after, []).append(index)
+
+    def kept(line: Line) -> bytes:
+        raw = plan.replace.get(line.index, line.raw)
+        if plan.terminate == line.index and not raw.endswith(b"\n"):
+            raw += b"\n"
+        return raw
+
     for line in lines:
-        if line.index not in plan.drop:
-            raw = plan.replace.get(line.index, line.raw)
-            if plan.terminate == line.index and not raw.endswith(b"\n"):
-                raw += b"\n"
-            out.append(raw)
+        if line.index not in plan.drop and line.index not in plan.move:
+            out.append(kept(line))
+        out.extend(kept(lines[i]) for i in moved.get(line.index, ()))
         out.extend(plan.insert_after.get(line.index, ()))
     if not lines:
         out.extend(plan.insert_after.get(-1, ()))
