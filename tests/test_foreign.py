@@ -3,7 +3,6 @@ invariants, over the checked-in fixtures damaged at every line boundary and mid-
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re

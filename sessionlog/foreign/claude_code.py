@@ -430,14 +430,15 @@ class ClaudeCode:
             node = tree.parent(node)
         return chain[::-1]
 
-    def _turns(self, lines: list[Line]) -> list[tuple[str, list[Any], list[Any]]]:
-        """The resumed conversation as (role, blocks, result blocks) messages: an assistant
+    def _turns(self, lines: list[Line]) -> list[tuple[str, list[Any]]]:
+        """The resumed conversation as (role, blocks) messages ("results" for the user
+        message answering an assistant message): an assistant
         message per group with the results it owns (on the chain, then off it for ids not
         yet answered: parallel results that branched), a user message per other entry."""
         tree = _Tree(lines)
         groups, _ = _groups(tree)
         group_of = {i: g for g in groups for i in g.entries}
-        turns: list[tuple[str, list[Any], list[Any]]] = []
+        turns: list[tuple[str, list[Any]]] = []
         current: _Group | None = None
         chain = self._chain(tree)
         on_chain = set(chain)
@@ -460,7 +461,7 @@ class ClaudeCode:
             order = {u: i for i, u in enumerate(current.uses)}
             blocks.sort(key=lambda b: order.get(b.get("tool_use_id"), len(order))
                         if isinstance(b, Mapping) and b.get("type") == "tool_result" else len(order) + 1)
-            turns.append(("results", blocks, []))
+            turns.append(("results", blocks))
             current = None
 
         for index in chain:
@@ -471,7 +472,7 @@ class ClaudeCode:
                 if group is not current:
                     close()
                     current = group
-                    turns.append(("assistant", [], []))
+                    turns.append(("assistant", []))
                 content = _message(obj).get("content")
                 turns[-1][1].extend(content if isinstance(content, list) else
                                     [{"type": "text", "text": content}] if isinstance(content, str) else [])
@@ -483,13 +484,13 @@ class ClaudeCode:
                     continue
                 content = _message(obj).get("content")
                 turns.append(("user", content if isinstance(content, list) else
-                              [{"type": "text", "text": content}] if isinstance(content, str) else [], []))
+                              [{"type": "text", "text": content}] if isinstance(content, str) else []))
         close()
         return turns
 
     def native_items(self, lines: list[Line]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
-        for role, blocks, _ in self._turns(lines):
+        for role, blocks in self._turns(lines):
             role = "user" if role == "results" else role
             if not blocks:
                 continue
@@ -506,7 +507,7 @@ class ClaudeCode:
             record.update(seq=len(records) + 1, ts=0.0)
             records.append(record)
 
-        for role, blocks, _ in self._turns(lines):
+        for role, blocks in self._turns(lines):
             if role == "assistant":
                 calls = [{"id": b.get("id"), "name": b.get("name"), "arguments": b.get("input")}
                          for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
