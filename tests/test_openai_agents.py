@@ -552,6 +552,7 @@ def test_approval_pause_and_resume_with_the_session(store: sessionlog.EventStore
         # What the log says while a human decides: the call awaits approval, the unknown
         # tool's error is there and owed to the model; opening the session repairs nothing.
         paused.append(records(store, "conv"))
+        assert store.scan("conv").status == sessionlog.Status.SUSPENDED
         probe = SessionLogSession("conv", store=store)
         await probe.get_items()
         probe.close()
@@ -601,6 +602,7 @@ def test_approval_resume_with_server_managed_state_delivers_each_output_once(
 
     async def on_pause() -> None:
         paused.append(records(store, "conv"))
+        assert store.scan("conv").status == sessionlog.Status.SUSPENDED
         probe = SessionLogSession("conv", store=store)
         await probe.get_items()  # opening while a human decides repairs nothing
         probe.close()
@@ -773,3 +775,75 @@ def test_where_appends_run(url_kind: str, offload: bool | None, inline: bool, tm
         loop_thread = asyncio.run(scenario())
         assert (threads == [loop_thread]) is inline
     gen.close()
+
+
+def test_run_hooks_call_the_users_own_hooks_after_recording() -> None:
+    from agents import RunHooks
+
+    seen: list[str] = []
+
+    class Mine(RunHooks[Any]):
+        async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
+            seen.append("llm_start")
+
+        async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+            seen.append("llm_end")
+
+        async def on_agent_start(self, context: Any, agent: Any) -> None:
+            seen.append("agent_start")
+
+        async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+            seen.append("agent_end")
+
+        async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+            # By now the call's intent is durable.
+            recs = records(store, "s")
+            assert any(r["type"] == "tool/call" and r["call_id"] == context.tool_call_id for r in recs)
+            seen.append(f"tool_start {context.tool_call_id}")
+
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+            seen.append(f"tool_end {context.tool_call_id}")
+
+    with sessionlog.open_store("memory:") as store:
+        async def scenario() -> None:
+            session = SessionLogSession("s", store=store)
+            await converse("run", session, session.run_hooks(Mine()), TURNS[:1], script()[:2])
+            session.close()
+
+        asyncio.run(scenario())
+    assert seen[:3] == ["agent_start", "llm_start", "llm_end"]
+    assert sorted(seen[3:7]) == ["tool_end c1", "tool_end c2", "tool_start c1", "tool_start c2"]
+    assert seen[7:] == ["llm_start", "llm_end", "agent_end"]
+
+
+def test_a_tool_that_raises_is_answered_once_with_the_sdks_error_text(tmp_path: Path) -> None:
+    @function_tool
+    def flaky(version: str) -> str:
+        """Deploy, and fail."""
+        raise RuntimeError("disk full")
+
+    steps = [[function_call("flaky", {"version": "1"}, call_id="c1")], [assistant_message("it failed", item_id="m1")]]
+
+    async def run(session: Any, hooks: Any) -> list[Any]:
+        model = Scripted(steps)
+        agent = Agent(name="ops", instructions="Be brief.", model=model, tools=[flaky])
+        await Runner.run(agent, "deploy", session=session, hooks=hooks)
+        return model.inputs
+
+    sqlite = SQLiteSession("reference", str(tmp_path / "reference.db"))
+    want = asyncio.run(run(sqlite, None))
+    want_items = asyncio.run(sqlite.get_items())
+    sqlite.close()
+    with sessionlog.open_store(f"jsonl:{tmp_path / 'store'}") as store:
+        async def scenario() -> tuple[list[Any], list[Any]]:
+            session = SessionLogSession("s", store=store)
+            inputs = await run(session, session.run_hooks())
+            items = await session.get_items()
+            session.close()
+            return inputs, items
+
+        inputs, items = asyncio.run(scenario())
+        assert inputs == want and items == want_items
+        recs = records(store, "s")
+        assert [r["call_id"] for r in recs if r["type"] == "tool/result"] == ["c1"]
+        assert store.scan("s").status == sessionlog.Status.CLEAN
