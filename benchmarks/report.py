@@ -17,6 +17,7 @@ GROUP_TITLES = {
     "write-behind": "Write-behind (group commit)",
     "peer": "Peers",
     "scan": "Scan / recovery",
+    "scan-shape": "Scan of adversarial log shapes (in memory, bytes/s)",
     "repair": "Repair",
     "compression": "Compression",
 }
@@ -34,6 +35,8 @@ def reference_of(rid: str, row: dict[str, Any]) -> str | None:
         return f"append/{backend}/batch-1"
     if group == "scan" and rid != "scan/msgspec-baseline":
         return "scan/msgspec-baseline"
+    if group == "scan-shape" and rid != "scan-shape/compact":
+        return "scan-shape/compact"
     return None
 
 
@@ -96,7 +99,7 @@ def _cells(doc: dict[str, Any], rid: str, row: dict[str, Any]) -> list[str]:
 
 def _target_cells(t: dict[str, Any]) -> list[str]:
     ratio = "—" if t["ratio"] is None else f"{t['ratio']:.2f}"
-    bar = "—" if t["bar"] is None else f"{t.get('bar_op', '>=')} {t['bar']:g}"
+    bar = "—" if t["bar"] is None else f"{t.get('bar_op', '>=')} {t['bar']:.3g}"
     value = ""
     if t.get("constant") is not None and t["value"] is not None:
         value = f" (measured {t['value']:,.2f})" if t["value"] < 100 else f" (measured {t['value']:,.0f}/s)"

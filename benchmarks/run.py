@@ -59,7 +59,8 @@ def redact(url: str) -> str:
 def _order(case: Case) -> tuple[int, int]:
     """Round order: cases compared with each other run next to each other."""
     batch = case.meta.get("batch") or case.meta.get("per_sync") or 0
-    rank = {"ceiling": 0, "append": 1, "peer": 2, "sessions": 3, "write-behind": 4, "scan": 5, "repair": 6}
+    rank = {"ceiling": 0, "append": 1, "peer": 2, "sessions": 3, "write-behind": 4, "scan": 5, "scan-shape": 6,
+            "repair": 7}
     if case.group in ("ceiling", "append", "peer"):
         return ({1: 0, 64: 1, 1024: 2}.get(batch, 3), rank[case.group])
     return (3 + rank.get(case.group, 9), 0)
@@ -134,6 +135,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
             f.write(corpus.header("baseline") + b"\n")
             f.writelines(line + b"\n" for line in corpus.body)
     cases.append(scans.msgspec_case(baseline_path, corpus.count()))
+    cases += scans.shape_cases(corpus, max_bytes=2 << 20 if settings.smoke else 16 << 20)
     c, r = scans.repair_cases(backends, corpus)
     cases += c
     results += r

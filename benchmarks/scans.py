@@ -271,3 +271,79 @@ def _ratio(id: str, label: str, logical: int, disk: int, per_frame: int) -> Resu
     return Result(id, "compression", label, "x", median=ratio, rounds=[ratio],
                   meta={"logical_bytes": logical, "disk_bytes": disk, "records_per_frame": per_frame})
 
+
+
+# --- adversarial shapes ------------------------------------------------------------------
+# The scanner's fast path proves whole regions; a shape it cannot prove must cost a small
+# factor, never a decode of the rest of the buffer per line (which once made logs written
+# with spaces 1,500x slower). Each shape is the corpus's first records rewritten, scanned
+# in memory by the engine's own scanner (``scan_bytes``: every rule, no store around it),
+# against the same records compact. Units are bytes (a shape may hold no records).
+
+SHAPES: dict[str, str] = {
+    "compact": "compact lines (the reference)",
+    "spaced": "lines written with spaces (json.dumps defaults)",
+    "crlf": "CRLF line ends",
+    "deep": "every 8th record holds a value nested 128 deep",
+    "nested-repeated-keys": "every record holds an object with a repeated key (valid: nested)",
+    "blank-lines": "the header, then only blank lines",
+    "repeated-key-mid-log": "record 2 repeats a top-level key (mid-log: the rest is walked)",
+    "multi-line-mid-log": "record 2 spans two lines (a msgspec.Raw with a newline, before append refused it)",
+    "nul-run-mid-log": "a 1 MiB NUL run after record 2",
+    "invalid-utf8-mid-log": "record 2 holds invalid UTF-8",
+}
+
+
+def shape_id(shape: str) -> str:
+    return f"scan-shape/{shape}"
+
+
+def shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> bytes:
+    """The corpus's first records (at most ``max_bytes``) as one JSONL log in ``shape``."""
+    import json
+
+    header = corpus.header("shape")
+    body: list[bytes] = []
+    size = 0
+    for line in corpus.body:
+        body.append(line)
+        size += len(line) + 1
+        if size >= max_bytes:
+            break
+    if shape == "spaced":
+        body = [json.dumps(json.loads(line), ensure_ascii=False).encode() for line in body]
+    elif shape == "crlf":
+        body = [line + b"\r" for line in body]
+    elif shape == "deep":
+        nest = b"[" * 126 + b"1" + b"]" * 126
+        body = [line[:-1] + b',"deep":' + nest + b"}" if i % 8 == 0 else line for i, line in enumerate(body)]
+    elif shape == "nested-repeated-keys":
+        body = [line[:-1] + b',"meta":{"k":1,"k":2}}' for line in body]
+    elif shape == "blank-lines":
+        return header + b"\n" * (size + 1)
+    elif shape == "repeated-key-mid-log":
+        body[0] = body[0][:-1] + b',"type":"again"}'
+    elif shape == "multi-line-mid-log":
+        body[0] = body[0].replace(b",", b",\n", 1)
+    elif shape == "nul-run-mid-log":
+        body[0] = body[0] + b"\n" + b"\0" * (1 << 20)
+    elif shape == "invalid-utf8-mid-log":
+        body[0] = body[0][:-1] + b',"bad":"\xff"}'
+    return b"\n".join([header, *body]) + b"\n"
+
+
+def shape_cases(corpus: Corpus, max_bytes: int = 16 << 20) -> list[Case]:
+    """A scan case per adversarial shape (see :data:`SHAPES`), each of about ``max_bytes``."""
+    from sessionlog.scan import scan_bytes
+
+    cases = []
+    for shape, what in SHAPES.items():
+        data = shaped_log(corpus, shape, max_bytes)
+
+        def op(data: bytes = data) -> Work:
+            scan_bytes(data, session_id="shape")
+            return len(data), len(data)
+
+        cases.append(Case(shape_id(shape), "scan-shape", f"scan of {len(data) / 1e6:.0f} MB: {what}", op,
+                          timed=False, unit="bytes/s", meta={"shape": shape, "logical_bytes": len(data)}))
+    return cases

@@ -498,7 +498,52 @@ def encode_records(
     members.pop()
     ts_member = b',"ts":' + _encoder.encode(when) + b","
     lines = [b'{"seq":%d%b%b' % (seq, ts_member, m[1:]) for seq, m in enumerate(members, first_seq)]
+    if nested and _verbatim_free(events):
+        # The encoder wrote every byte itself: each line is one compact object with the
+        # event's unique keys; what remains is the depth, counted on the bytes.
+        _checked(lines, record_limit, nested=False)
+        deep = _first_too_deep(data, len(events))
+        if deep is not None:
+            raise RecordError(f"event {deep} of the batch does not read back as a record: "
+                              f"nested deeper than {MAX_DEPTH}")
+        return lines
     return _checked(lines, record_limit, nested=nested)
+
+
+class _Verbatim(Exception):
+    """A value the JSON encoder would copy verbatim (a msgspec.Raw)."""
+
+
+def _refuse_verbatim(value: object) -> None:
+    raise _Verbatim
+
+
+def _verbatim_free(events: Sequence[Mapping[str, Any]]) -> bool:
+    """True when no value in ``events`` is one the encoder copies verbatim instead of
+    encoding (a ``msgspec.Raw``): one C-level walk, ``to_builtins`` handing anything it
+    does not encode itself to a hook that refuses it. False also when in doubt."""
+    try:
+        msgspec.to_builtins(events, enc_hook=_refuse_verbatim)
+    except (_Verbatim, TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
+        return False
+    return True
+
+
+def _first_too_deep(data: bytes, n: int) -> int | None:
+    """The first of the ``n`` lines of ``data`` (each one object, ending in a newline)
+    nested deeper than ``MAX_DEPTH``, or None. Each line opens at least one bracket, so
+    a batch with few brackets in all is decided by one count."""
+    openers = data.translate(None, _NOT_OPENERS)
+    if len(openers) - n - (n - 1) <= MAX_DEPTH:  # the newlines kept, one "{" per other line
+        return None
+    lines = None
+    for i, count in enumerate(map(len, openers.split(b"\n"))):
+        if count > MAX_DEPTH:
+            if lines is None:
+                lines = data.split(b"\n")
+            if nested_deeper(lines[i]):
+                return i
+    return None
 
 
 def _encode_each(

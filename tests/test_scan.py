@@ -153,3 +153,21 @@ def test_append_never_writes_what_scan_refuses():
         with pytest.raises(RecordError):
             encode_records([{"type": "ok"}, bad], 2, record_limit=10_000)
     assert encode_records([{"type": "x", "r": msgspec.Raw(b"[1,2]")}], 2, record_limit=100)
+
+
+def test_the_benchmark_shapes_are_what_they_claim():
+    """``sessionlog bench`` times these shapes against the compact log; each must be the
+    valid or damaged log its label says."""
+    from benchmarks.scans import SHAPES, make_corpus, shaped_log
+
+    corpus = make_corpus(300, 0)
+    for shape in SHAPES:
+        data = shaped_log(corpus, shape, max_bytes=64 << 10)
+        records, _, damage = scan_bytes(data, session_id="shape")
+        if shape == "blank-lines":
+            assert len(records) == 1 and damage.kind is DamageKind.CORRUPT
+        elif shape.endswith("mid-log"):
+            kept = 2 if shape.startswith("nul-run") else 1  # the NULs come after record 2
+            assert len(records) == kept and damage.kind is DamageKind.MID_LOG and damage.records_after > 50, shape
+        else:
+            assert damage is None and len(records) == data.count(b"\n") > 50, shape
