@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from .. import exits
 from ..contract import SessionLogError, Status
 from . import FORMATS, HEAD_BYTES, Examination, ForeignFormat, examine, get, sniff
-from .files import in_use, read, write_repair
+from .files import OpenFiles, in_use, open_files, read, write_repair
 
 STATUS_EXIT = {
     Status.CLEAN: exits.OK,
@@ -159,13 +159,14 @@ def _skipped_note(target: ForeignTarget) -> None:
 # --- scan ------------------------------------------------------------------------------
 
 
-def scan_row(path: str, fmt: ForeignFormat, name: str) -> dict[str, Any]:
+def scan_row(path: str, fmt: ForeignFormat, name: str, held: OpenFiles | None = None) -> dict[str, Any]:
     """What a scan says about one file, in the keys of a sessionlog scan row plus
-    ``file``, ``format``, ``orphan_results``, ``findings`` and ``in_use``. Never writes."""
+    ``file``, ``format``, ``orphan_results``, ``findings`` and ``in_use`` (``held``: the
+    open files of other processes, taken once for many files). Never writes."""
     try:
         snap = read(path)
         exam = examine(snap.data, fmt)
-        busy = in_use(path, fmt)
+        busy = in_use(path, fmt, held)
     except SessionLogError as exc:
         return {"session": _session(path, None), "file": name, "path": path, "format": fmt.name,
                 "records": None, "status": str(Status.ERROR), "damage": None, "open_turn": None,
@@ -191,9 +192,10 @@ def scan_row(path: str, fmt: ForeignFormat, name: str) -> dict[str, Any]:
 def run_scan(target: ForeignTarget, *, as_json: bool, out: TextIO) -> int:
     rows = []
     codes = []
+    held = open_files()
     with _progress("scanning", len(target.files)) as advance:
         for path, fmt in target.files:
-            row = scan_row(path, fmt, _name(target, path))
+            row = scan_row(path, fmt, _name(target, path), held)
             codes.append(STATUS_EXIT[Status(row["status"])])
             if as_json:
                 out.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -268,7 +270,9 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
         if not any(line.obj is not None for line in exam.lines):
             row.update(status="refused", reason=f"no line decodes as a {fmt.title}")
             return row, exits.ERROR
-        busy = in_use(path, fmt)
+        if exam.plan.empty and not exam.needs_force:
+            return row, exits.OK
+        busy = in_use(path, fmt)  # fresh, just before deciding to write
         if busy and not force:
             row.update(status="refused", reason="in use by a live process: " + "; ".join(busy)
                        + " (repair --force to repair anyway)")

@@ -59,19 +59,19 @@ def read(path: str, fs: FileSystem = OS) -> Snapshot:
     return Snapshot(path, b"".join(chunks), st)
 
 
-def holders(path: str) -> list[str]:
-    """Other live processes holding ``path`` open (found through ``/proc/<pid>/fd``), one
-    sentence each. Processes this user may not inspect are not seen."""
-    try:
-        target = os.stat(path)
-    except OSError:
-        return []
-    found = []
+OpenFiles = dict[tuple[int, int], list[str]]
+"""(st_dev, st_ino) of every file another live process holds open -> who holds it."""
+
+
+def open_files() -> OpenFiles:
+    """Which files other live processes hold open, from ``/proc/<pid>/fd`` (one pass over
+    every process this user may inspect; others are not seen)."""
+    found: OpenFiles = {}
     me = os.getpid()
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return []
+        return found
     for pid in pids:
         if int(pid) == me:
             continue
@@ -80,15 +80,28 @@ def holders(path: str) -> list[str]:
             fds = os.listdir(fd_dir)
         except OSError:
             continue
+        seen: set[tuple[int, int]] = set()
         for fd in fds:
             try:
                 st = os.stat(os.path.join(fd_dir, fd))
             except OSError:
                 continue
-            if (st.st_ino, st.st_dev) == (target.st_ino, target.st_dev):
-                found.append(f"process {pid} ({_command(pid)}) holds it open")
-                break
+            key = (st.st_dev, st.st_ino)
+            if key not in seen:
+                seen.add(key)
+                found.setdefault(key, []).append(f"process {pid} ({_command(pid)}) holds it open")
     return found
+
+
+def holders(path: str, index: OpenFiles | None = None) -> list[str]:
+    """Other live processes holding ``path`` open, one sentence each (``index``: an
+    :func:`open_files` taken earlier, else a fresh one)."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return []
+    index = open_files() if index is None else index
+    return list(index.get((target.st_dev, target.st_ino), ()))
 
 
 def _command(pid: str) -> str:
@@ -99,10 +112,11 @@ def _command(pid: str) -> str:
         return "?"
 
 
-def in_use(path: str, fmt: ForeignFormat) -> list[str]:
-    """Why ``path`` is in use by a live process: it is held open, or the tool's own
-    per-process records name it. Empty when nothing says so."""
-    return holders(path) + fmt.live_records(path)
+def in_use(path: str, fmt: ForeignFormat, index: OpenFiles | None = None) -> list[str]:
+    """Why ``path`` is in use by a live process: it is held open (``index`` as for
+    :func:`holders`), or the tool's own per-process records name it. Empty when nothing
+    says so."""
+    return holders(path, index) + fmt.live_records(path)
 
 
 def backup_name(name: str) -> str:
