@@ -847,3 +847,63 @@ def test_a_tool_that_raises_is_answered_once_with_the_sdks_error_text(tmp_path: 
         recs = records(store, "s")
         assert [r["call_id"] for r in recs if r["type"] == "tool/result"] == ["c1"]
         assert store.scan("s").status == sessionlog.Status.CLEAN
+
+
+CHILD_KILLS_ITSELF = """
+import asyncio, os, signal, sys
+sys.path.insert(0, {tests!r})
+import test_openai_agents as t
+from agents import RunHooks, set_tracing_disabled
+from sessionlog.integrations.openai_agents import SessionLogSession
+
+set_tracing_disabled(True)
+ended = []
+
+class Die(RunHooks):
+    # Called after the session's own hooks made their records durable.
+    async def on_llm_end(self, context, agent, response):
+        if {point!r} == "after-response" and any(o.type == "function_call" for o in response.output):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def on_tool_end(self, context, agent, tool, result):
+        ended.append(context.tool_call_id)
+        if {point!r} == "after-tools" and len(ended) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+async def main():
+    session = SessionLogSession("conv", store={url!r})
+    await t.converse("run", session, session.run_hooks(Die()), t.TURNS[:1], t.script()[:2])
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.kill
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+@pytest.mark.parametrize("point, want", [
+    ("after-response", {"c1": sessionlog.TOOL_NOT_STARTED, "c2": sessionlog.TOOL_NOT_STARTED}),
+    ("after-tools", {"c1": "deployed 1.2.3", "c2": "notified ops"}),
+])
+def test_what_survives_a_kill_at_each_point_of_a_turn(backend: str, point: str, want: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    gen = _url(backend, tmp_path)
+    url = next(gen)
+    child = run_child(CHILD_KILLS_ITSELF.format(tests=str(TESTS), url=url, point=point))
+    assert child.returncode == -9, child.stderr
+
+    async def resume() -> list[Any]:
+        session = SessionLogSession("conv", store=url)
+        items = await session.get_items()
+        session.close()
+        return items
+
+    items = asyncio.run(resume())
+    assert items[0] == {"content": TURNS[0], "role": "user"}
+    assert [i.get("call_id") for i in items if i.get("type") == "function_call"] == ["c1", "c2"]
+    outputs = outputs_by_call(items)
+    assert sorted(outputs) == ["c1", "c2"]
+    for call_id, text in want.items():
+        assert len(outputs[call_id]) == 1 and outputs[call_id][0].startswith(text)
+    with sessionlog.open_store(url) as store:
+        assert store.scan("conv").status == sessionlog.Status.CLEAN
+    gen.close()
