@@ -47,7 +47,7 @@ def _key(value: Any) -> Any:
     return repr(value)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class PendingCall:
     """A call an ``assistant/message`` asked for (``assistant_seq``: that message's seq),
     in its ``turn`` and ``step``."""
@@ -99,7 +99,7 @@ class PendingCalls:
         self.last_ts = 0.0
         self._turns: dict[Any, Any] = {}  # key -> turn value, in opening order
         self._steps: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # key -> (turn, step), in opening order
-        self._calls: dict[tuple[int, str], PendingCall] = {}  # unanswered, in log order
+        self._calls: dict[PendingCall, None] = {}  # unanswered, in log order (by identity)
         self._by_id: dict[str, list[PendingCall]] = {}  # call id -> its unanswered calls, in log order
         if open_turn is not None:
             self._turns[_key(open_turn)] = open_turn
@@ -135,15 +135,15 @@ class PendingCalls:
     def unanswered(self) -> list[PendingCall]:
         """Every call without a result, in log order (message by message, in each
         message's call order)."""
-        return list(self._calls.values())
+        return list(self._calls)
 
     def awaiting(self) -> list[PendingCall]:
         """The calls without a result whose latest ``tool/approval`` is ``requested``."""
-        return [c for c in self._calls.values() if c.approval == "requested"]
+        return [c for c in self._calls if c.approval == "requested"]
 
     def held(self) -> tuple[set[tuple[Any, Any]], set[Any]]:
         """The steps and turns held open by calls awaiting approval (keys)."""
-        steps = {c.step_key for c in self._calls.values() if c.approval == "requested"}
+        steps = {c.step_key for c in self._calls if c.approval == "requested"}
         return steps, {turn for turn, _ in steps}
 
     @property
@@ -157,7 +157,7 @@ class PendingCalls:
         turns that hold them: a human is deciding, nothing crashed."""
         if not self._calls:
             return False
-        if any(c.approval != "requested" for c in self._calls.values()):
+        if any(c.approval != "requested" for c in self._calls):
             return False
         steps, turns = self.held()
         return all(k in steps for k in self._steps) and all(k in turns for k in self._turns)
@@ -188,7 +188,7 @@ class PendingCalls:
                     call.call_seq = seq
                 return None
             call.answered = True
-            del self._calls[(call.assistant_seq, call.call_id)]
+            del self._calls[call]
             same = self._by_id[call.call_id]
             if len(same) == 1:
                 del self._by_id[call.call_id]
@@ -204,11 +204,13 @@ class PendingCalls:
             key = (_key(turn), _key(step))
             if key not in self._steps and type(step) is int:
                 self._steps[key] = (turn, step)
+            asked: set[str] = set()
             for req in requested_calls(record.get("tool_calls")):
-                if (seq, req.id) in self._calls:
+                if req.id in asked:
                     continue  # repeated within one message: one call
+                asked.add(req.id)
                 call = PendingCall(req.id, req.name, turn, step, seq, turn_raw=turn_raw)
-                self._calls[(seq, req.id)] = call
+                self._calls[call] = None
                 self._by_id.setdefault(req.id, []).append(call)
         elif type_ == STEP_START:
             turn = self._turn_of(record)
