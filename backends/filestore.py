@@ -356,6 +356,9 @@ class FileStore:
         self.url = f"{scheme}:{directory}"
         self.atomic_batches = framing.atomic_batches
         self._tails: dict[str, tuple[tuple[int, int, int, int, int], int, float]] = {}
+        # Sessions kept in a file not named <id><suffix>: a copied or renamed log opened by
+        # its header (sessionlog.targets); its quarantines are named after that file.
+        self.file_names: dict[str, str] = {}
         self._closed = False
         if create_dir:
             try:
@@ -376,7 +379,7 @@ class FileStore:
             raise StoreClosed(f"{self.url}: store is closed")
 
     def file_name(self, session_id: str) -> str:
-        return session_id + self.framing.suffix
+        return self.file_names.get(session_id) or session_id + self.framing.suffix
 
     def path_of(self, session_id: str) -> str:
         return os.path.join(self.directory, self.file_name(session_id))

@@ -1,8 +1,14 @@
-"""The ``sessionlog`` command: scan, repair, show, convert, compact, bench, demo.
+"""The ``sessionlog`` command: scan, repair, show, convert, compact, restore, bench, demo.
 
-Exit codes (DESIGN.md section 7): 0 clean (or repaired), 1 repairable, 3 needs --force,
-2 usage, 4 I/O error or not a session log, 5 a writer holds the session. Over several
-sessions the worst wins, in the order 4 > 5 > 3 > 1 > 0.
+Every command that reports on sessions prints a table for people, or with ``--json`` one
+JSON object per session per line (JSON Lines) for machines; notes, warnings and errors go
+to standard error. Progress (bytes done of total, rate, time left) is drawn on standard
+error only when it is a terminal; ``--quiet`` (``--no-progress``) turns it off.
+
+Exit codes (docs/cli.md): 0 clean (or done), 1 repairable, 2 usage, 3 needs --force,
+4 error (a TARGET or session that does not exist, however it is spelled; I/O; not a
+session log; unsupported format), 5 a writer holds the session. Over several sessions
+or targets the worst wins, in the order 4 > 5 > 3 > 1 > 0.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
-from . import InvalidStoreUrl, exits, open_store
+from . import InvalidStoreUrl, __version__, exits
 from .contract import (
     DamageKind,
     EventStore,
@@ -27,105 +35,218 @@ from .contract import (
     Status,
     UnsupportedFormat,
 )
-from .targets import open_source, resolve_target
+from .targets import STDIN, StoreTarget, TargetNotFound, resolve, stdin_log
 
 EXIT_OK, EXIT_REPAIRABLE, EXIT_USAGE = exits.OK, exits.REPAIRABLE, exits.USAGE
 EXIT_NEEDS_FORCE, EXIT_ERROR, EXIT_LOCKED = exits.NEEDS_FORCE, exits.ERROR, exits.LOCKED
 worst = exits.worst
 
-_STATUS_EXIT = {
-    Status.CLEAN: EXIT_OK,
-    Status.OPEN: EXIT_OK,
-    Status.SUSPENDED: EXIT_OK,  # a human is deciding on a call: not a crash
-    Status.REPAIRABLE: EXIT_REPAIRABLE,
-    Status.NEEDS_FORCE: EXIT_NEEDS_FORCE,
-    Status.UNSUPPORTED: EXIT_ERROR,
-    Status.ERROR: EXIT_ERROR,
-}
+EXIT_CODES_HELP = (
+    "exit codes: 0 clean/repaired/done, 1 repairable (or a pairing violation with show --check), "
+    "2 usage, 3 needs --force, 4 error (a target or session that does not exist, I/O, not a session "
+    "log, unsupported format), 5 a writer holds the session; over several sessions the worst wins "
+    "(4 > 5 > 3 > 1 > 0)"
+)
+
+
+def status_exit(status: Status) -> int:
+    """The exit code a scan status stands for."""
+    return {
+        Status.REPAIRABLE: EXIT_REPAIRABLE,
+        Status.NEEDS_FORCE: EXIT_NEEDS_FORCE,
+        Status.UNSUPPORTED: EXIT_ERROR,
+        Status.ERROR: EXIT_ERROR,
+    }.get(status, EXIT_OK)
 
 
 class UsageError(Exception):
     """A target or option the command cannot make sense of (exit 2)."""
 
 
-# --- targets ---------------------------------------------------------------------------
+# --- output ------------------------------------------------------------------------------
 
 
-def _target(text: str, session: str | None) -> tuple[str, str | None]:
-    """The store URL and the one session (or None: all) a TARGET and --session name."""
-    if ":" not in text and not os.path.exists(text):
-        raise UsageError(f"{text}: no such file, directory or store URL")
-    url, named = resolve_target(text)
-    if named is not None and session is not None and named != session:
-        raise UsageError(f"{text} holds session {named!r}, not {session!r}")
-    return url, named if named is not None else session
+def _width(out: TextIO) -> int | None:
+    """The terminal's width, or None when ``out`` is not a terminal (never wrapped)."""
+    try:
+        if out.isatty():
+            return os.get_terminal_size(out.fileno()).columns
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+    return None
 
 
-def _open(url: str, *, writing: bool) -> EventStore:
-    return open_store(url) if writing else open_source(url)
+def console(out: TextIO) -> Any:
+    """A rich console on ``out``: the terminal's width on a terminal; otherwise wide
+    enough that nothing is wrapped or cut (piped output is never hard-wrapped)."""
+    from rich.console import Console
+
+    width = _width(out)
+    return Console(file=out, soft_wrap=width is None, width=width or 100_000, highlight=False,
+                   force_terminal=False if width is None else None, no_color=width is None)
 
 
-def _sessions(store: EventStore, session: str | None) -> list[str]:
-    return [session] if session is not None else store.sessions()
+def note(text: str) -> None:
+    """A note, warning or error line for people: standard error."""
+    print(text, file=sys.stderr)
+
+
+def emit_json(out: TextIO, row: dict[str, Any]) -> None:
+    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+@dataclass(slots=True)
+class Meter:
+    """Progress on standard error for long work: bytes done of a total (or sessions when
+    the size is unknown), with rate and time left. Silent off a terminal or when quiet."""
+
+    advance: Callable[[int], None]
+    add_total: Callable[[int], None]
 
 
 @contextlib.contextmanager
-def _progress(label: str, total: int | None) -> Iterator[Callable[[int], None]]:
-    """Advance a progress bar on stderr when it is a terminal and the work is long."""
-    if not sys.stderr.isatty() or (total is not None and total < 20):
-        yield lambda n: None
+def progress(args: argparse.Namespace, label: str, total: int | None, *, unit: str = "bytes") -> Iterator[Meter]:
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        yield Meter(lambda n: None, lambda n: None)
         return
     from rich.console import Console
     from rich.progress import (
         BarColumn,
+        DownloadColumn,
         MofNCompleteColumn,
         Progress,
+        TaskProgressColumn,
         TextColumn,
-        TimeElapsedColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
     )
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    if getattr(args, "dry_run", False):
+        label = f"dry run: {label}"
+    counted = (MofNCompleteColumn(),) if unit != "bytes" else (DownloadColumn(), TransferSpeedColumn())
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), *counted,
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+
+        def add_total(n: int) -> None:
+            bar.update(task, total=(bar.tasks[0].total or 0) + n)
+
+        yield Meter(lambda n: bar.advance(task, n), add_total)
 
 
-# --- other tools' files (Claude Code transcripts, Codex rollouts) ---------------------
+def _session_bytes(store: EventStore, sid: str) -> int:
+    path_of = getattr(store, "path_of", None)
+    if path_of is None:
+        return 0
+    try:
+        return os.path.getsize(path_of(sid))
+    except OSError:
+        return 0
 
 
-def _foreign(args: argparse.Namespace, out: TextIO) -> int | None:
-    """Run scan/repair/show on a Claude Code transcript or Codex rollout (or a directory
-    of them), recognized by content or named by --input-format: sessionlog.foreign does
-    the work and prints its own table or --json rows. None when the target is not one."""
+# --- targets -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Missing:
+    """A TARGET that names nothing (exit 4 for it; the others are still worked on)."""
+
+    text: str
+    error: SessionLogError
+
+
+def _targets(args: argparse.Namespace, stack: contextlib.ExitStack, *, stdin: bool,
+             foreign: bool = True) -> list[Any]:
+    """Every TARGET of the command, resolved: StoreTarget, a foreign-file target (Claude
+    Code / Codex, see sessionlog.foreign), or Missing. ``-`` is standard input where
+    ``stdin`` allows it. Raises UsageError for a malformed target (exit 2), before any
+    target is worked on."""
+    texts = list(args.targets)
+    if texts.count(STDIN) > 1:
+        raise UsageError("standard input (-) can be read once")
+    out: list[Any] = []
+    for text in texts:
+        shown = None
+        path = text
+        if text == STDIN:
+            if not stdin:
+                raise UsageError(f"{args.command} does not read standard input (-): name a file")
+            path = stack.enter_context(stdin_log())
+            shown = STDIN
+        if foreign:
+            claimed = _foreign_claim(path, getattr(args, "input_format", None))
+            if claimed is not None:
+                out.append(claimed)
+                continue
+        try:
+            resolved = resolve(path, session=args.session)
+        except TargetNotFound as exc:
+            out.append(Missing(text, exc))
+            continue
+        except InvalidStoreUrl as exc:
+            raise UsageError(str(exc)) from exc
+        for target in resolved:
+            if shown is not None:
+                target.shown_as, target.note = shown, None
+            out.append(target)
+    return out
+
+
+def _foreign_claim(path: str, input_format: str | None) -> Any:
+    """The hook for other tools' files (Claude Code transcripts, Codex rollouts): a
+    foreign target when ``path`` is one (by content, or forced by --input-format)."""
     from .foreign import command
 
     try:
-        target = command.claim(args.target, args.input_format)
+        return command.claim(path, input_format)
     except command.ForeignUsageError as exc:
         raise UsageError(str(exc)) from exc
-    if target is None:
-        return None
-    if args.command == "scan":
-        return command.run_scan(target, as_json=args.json, out=out)
-    if args.command == "repair":
-        return command.run_repair(target, force=args.force, dry_run=args.dry_run, as_json=args.json, out=out)
+
+
+def _is_foreign(target: Any) -> bool:
+    return not isinstance(target, (StoreTarget, Missing))
+
+
+def _open(target: StoreTarget, args: argparse.Namespace, out: TextIO, codes: list[int], *,
+          writing: bool) -> EventStore | None:
+    """Open a target's store, or report why it cannot be (stderr, and a ``--json`` row)
+    and return None: the other targets are still worked on. A malformed URL is a usage
+    error for the whole command (UsageError)."""
     try:
-        return command.run_show(target, view_format=args.format, check=args.check, out=out)
-    except command.ForeignUsageError as exc:
+        return target.open(writing=writing)
+    except InvalidStoreUrl as exc:
         raise UsageError(str(exc)) from exc
+    except SessionLogError as exc:
+        note(f"sessionlog: {exc}")
+        codes.append(EXIT_ERROR)
+        if args.json:
+            emit_json(out, {**_missing_row(Missing(target.text, exc)), "session": target.session})
+        return None
 
 
-# --- scan ------------------------------------------------------------------------------
+def _missing_row(target: Missing) -> dict[str, Any]:
+    return {"session": None, "path": target.text, "records": None, "status": str(Status.ERROR),
+            "damage": None, "open_turn": None, "open_step": None, "unanswered_calls": [],
+            "awaiting_approval": [], "error": str(target.error)}
+
+
+def _shown_path(target: StoreTarget, path: str | None) -> str | None:
+    return target.shown_as if target.shown_as is not None else path
+
+
+# --- scan --------------------------------------------------------------------------------
 
 
 def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None) -> dict[str, Any]:
+    """One scan's JSON row (the keys documented in docs/cli.md)."""
     if result is None:
         assert error is not None
         status = Status.UNSUPPORTED if isinstance(error, UnsupportedFormat) else Status.ERROR
         path = getattr(error, "path", None)
         return {
             "session": sid, "path": path, "records": None, "status": str(status), "damage": None,
-            "open_turn": None, "open_step": None, "unanswered_calls": [], "awaiting_approval": [], "error": str(error),
+            "open_turn": None, "open_step": None, "unanswered_calls": [], "awaiting_approval": [],
+            "error": str(error),
         }
     return {
         "session": sid,
@@ -146,44 +267,77 @@ def _row_exit(row: dict[str, Any]) -> int:
         # Damage before a live writer's tail is not its doing: the code says what a
         # repair will need once the writer is gone (the status stays "open").
         status = DamageKind(row["damage"]["kind"]).status or status
-    return _STATUS_EXIT[status]
+    return status_exit(status)
 
 
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
-    foreign = _foreign(args, out)
-    if foreign is not None:
-        return foreign
-    url, session = _target(args.target, args.session)
     rows: list[dict[str, Any]] = []
     codes: list[int] = []
-    with _open(url, writing=False) as store:
-        ids = _sessions(store, session)
-        with _progress("scanning", len(ids)) as advance:
-            for sid in ids:
-                try:
-                    row = scan_row(sid, store.scan(sid), None)
-                except SessionLogError as exc:
-                    row = scan_row(sid, None, exc)
-                codes.append(_row_exit(row))
-                if args.json:
-                    out.write(json.dumps(row) + "\n")
-                else:
-                    rows.append(row)
-                advance(1)
+    with contextlib.ExitStack() as stack:
+        for target in _targets(args, stack, stdin=True):
+            if isinstance(target, Missing):
+                row = _missing_row(target)
+            elif _is_foreign(target):
+                from .foreign import command
+
+                codes.append(command.run_scan(target, as_json=args.json, out=out))
+                continue
+            else:
+                _scan_store(args, target, out, rows, codes)
+                continue
+            codes.append(EXIT_ERROR)
+            note(f"sessionlog: {row['error']}")
+            if args.json:
+                emit_json(out, row)
     if not args.json:
         _print_scan_table(rows, out)
     return worst(codes)
 
 
+def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
+                rows: list[dict[str, Any]], codes: list[int]) -> None:
+    if target.note:
+        note(f"note: {target.note}")
+    store = _open(target, args, out, codes, writing=False)
+    if store is None:
+        return
+    with store:
+        ids = target.sessions(store)
+        sizes = {sid: _session_bytes(store, sid) for sid in ids}
+        with progress(args, "scanning", sum(sizes.values()) or None) as meter:
+            for sid in ids:
+                try:
+                    row = scan_row(sid, store.scan(sid), None)
+                except SessionLogError as exc:
+                    row = scan_row(sid, None, exc)
+                row["path"] = _shown_path(target, row["path"])
+                if target.note:
+                    row["note"] = target.note
+                codes.append(_row_exit(row))
+                if args.json:
+                    emit_json(out, row)
+                else:
+                    rows.append(row)
+                meter.advance(sizes[sid])
+
+
+_STYLES = {"clean": "green", "open": "cyan", "suspended": "cyan", "repairable": "yellow", "needs-force": "red",
+           "unsupported": "magenta", "error": "red", "repaired": "green", "refused": "red",
+           "would repair": "yellow", "converted": "green", "exists": "yellow", "skipped": "green",
+           "compacted": "green", "unchanged": "green", "locked": "red", "restored": "green",
+           "salvaged": "yellow"}
+
+
+def _styled(status: str) -> str:
+    return f"[{_STYLES.get(status, 'white')}]{status}[/]"
+
+
 def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(show_edge=False, header_style="bold")
     for col in ("session", "status", "records", "damage", "offset", "tail bytes", "after", "open", "unanswered"):
         table.add_column(col, justify="right" if col in ("records", "offset", "tail bytes", "after") else "left")
-    styles = {"clean": "green", "open": "cyan", "suspended": "cyan", "repairable": "yellow", "needs-force": "red",
-              "unsupported": "magenta", "error": "red"}
     for row in rows:
         d = row["damage"] or {}
         opened = " ".join(
@@ -193,91 +347,125 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             ) if part
         )
         table.add_row(
-            row["session"], f"[{styles[row['status']]}]{row['status']}[/]",
+            row["session"] if row["session"] is not None else row["path"], _styled(row["status"]),
             "" if row["records"] is None else str(row["records"]),
             d.get("kind", ""), str(d.get("offset", "")), str(d.get("length", "")),
             str(d.get("records_after", "")), opened, ", ".join(row["unanswered_calls"]),
         )
-    console = Console(file=out, soft_wrap=False, width=max(80, _width(out)))
-    console.print(table)
+    if rows:
+        console(out).print(table)
     for row in rows:
-        if "error" in row:
-            console.print(f"[red]{row['session']}[/]: {row['error']}", markup=True, highlight=False)
-    if not rows:
-        console.print("no sessions")
+        if "error" in row and row["session"] is not None:
+            note(f"{row['session']}: {row['error']}")
 
 
-def _width(out: TextIO) -> int:
+# --- repair ------------------------------------------------------------------------------
+
+_STAMP = re.compile(r"\.\d{8}T\d{6}Z-[0-9a-f]{8}\.quarantine$")
+QUARANTINE_PATTERN_TAIL = ".<UTC stamp>-<random>.quarantine"
+
+
+def repair_row(target: StoreTarget, sid: str, store: EventStore, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """Repair one session (or, with --dry-run, report what repair would do): its JSON row
+    and exit code. A dry run names the quarantine as the pattern the real run fills in
+    (``<log>.<offset>.<kind>.<UTC stamp>-<random>.quarantine``)."""
+    code = EXIT_OK
     try:
-        return os.get_terminal_size(out.fileno()).columns
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return int(os.environ.get("COLUMNS", "160"))
+        rep = _repair(store, sid, args)
+        row = rep.to_json()
+        if rep.status == "refused":
+            code = EXIT_LOCKED if rep.reason == "a writer owns the session" else EXIT_NEEDS_FORCE
+    except SessionLocked as exc:
+        row = RepairReport(sid, None, "refused", reason=f"locked: {exc}").to_json()
+        code = EXIT_LOCKED
+    except SessionLogError as exc:
+        row = RepairReport(sid, getattr(exc, "path", None), "refused", reason=str(exc)).to_json()
+        row["error"] = str(exc)
+        code = EXIT_ERROR
+    row["path"] = _shown_path(target, row["path"])
+    if args.dry_run:
+        row["dry_run"] = True
+        if row["quarantine"] and _STAMP.search(row["quarantine"]):
+            row["quarantine"] = _STAMP.sub(QUARANTINE_PATTERN_TAIL, row["quarantine"])
+            row["quarantine_is_pattern"] = True
+    if target.note:
+        row["note"] = target.note
+    return row, code
 
 
-# --- repair ----------------------------------------------------------------------------
+def _repair(store: EventStore, sid: str, args: argparse.Namespace) -> RepairReport:
+    return store.repair(sid, force=args.force, dry_run=args.dry_run, expire_approvals=args.expire_approvals)
 
 
 def cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
-    foreign = _foreign(args, out)
-    if foreign is not None:
-        return foreign
-    url, session = _target(args.target, args.session)
     codes: list[int] = []
-    reports: list[dict[str, Any]] = []
-    with _open(url, writing=not args.dry_run) as store, _progress("repairing", None) as advance:
-        for sid in _sessions(store, session):
-            code = EXIT_OK
-            try:
-                rep = store.repair(sid, force=args.force, dry_run=args.dry_run,
-                                   expire_approvals=args.expire_approvals)
-                row = rep.to_json()
-                if rep.status == "refused":
-                    code = EXIT_LOCKED if rep.reason == "a writer owns the session" else EXIT_NEEDS_FORCE
-            except SessionLocked as exc:
-                row = RepairReport(sid, None, "refused", reason=f"locked: {exc}").to_json()
-                code = EXIT_LOCKED
-            except SessionLogError as exc:
-                row = RepairReport(sid, getattr(exc, "path", None), "refused", reason=str(exc)).to_json()
-                row["error"] = str(exc)
-                code = EXIT_ERROR
-            if args.dry_run:
-                row["dry_run"] = True
-            codes.append(code)
-            if args.json:
-                out.write(json.dumps(row) + "\n")
-            else:
-                reports.append(row)
-            advance(1)
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        for target in _targets(args, stack, stdin=False):
+            if isinstance(target, Missing):
+                note(f"sessionlog: {target.error}")
+                codes.append(EXIT_ERROR)
+                if args.json:
+                    row = RepairReport(None, target.text, "refused", reason=str(target.error)).to_json()  # type: ignore[arg-type]
+                    emit_json(out, {**row, "error": str(target.error)})
+                continue
+            if _is_foreign(target):
+                from .foreign import command
+
+                codes.append(command.run_repair(target, force=args.force, dry_run=args.dry_run,
+                                                as_json=args.json, out=out))
+                continue
+            if target.note:
+                note(f"note: {target.note}")
+            store = _open(target, args, out, codes, writing=not args.dry_run)
+            if store is None:
+                continue
+            with store:
+                ids = target.sessions(store)
+                sizes = {sid: _session_bytes(store, sid) for sid in ids}
+                with progress(args, "repairing", sum(sizes.values()) or None) as meter:
+                    for sid in ids:
+                        row, code = repair_row(target, sid, store, args)
+                        codes.append(code)
+                        rows.append(row) if not args.json else emit_json(out, row)
+                        meter.advance(sizes[sid])
     if not args.json:
-        _print_repair_table(reports, out, dry_run=args.dry_run)
+        _print_repair_table(rows, out, dry_run=args.dry_run)
     return worst(codes)
 
 
 def _print_repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    table = Table(show_edge=False, header_style="bold", title="dry run: nothing written" if dry_run else None)
-    for col in ("session", "status", "cut bytes", "appended", "quarantine / reason"):
+    if not rows:
+        return
+    table = Table(show_edge=False, header_style="bold",
+                  title="dry run: nothing written" if dry_run else None)
+    for col in ("session", "status", "cut bytes", "appended", "reason"):
         table.add_column(col)
     for row in rows:
         appended = ", ".join(
             f"{r['type']}" + (f" {r['code']}" if r.get("code") else "") for r in row["appended"]
         )
-        status = row["status"]
-        if dry_run and status == "repaired":
-            status = "would repair"
-        table.add_row(
-            row["session"], status, str(row["truncated_bytes"]), appended,
-            os.path.basename(row["quarantine"]) if row["quarantine"] else (row["reason"] or ""),
-        )
-    console = Console(file=out, soft_wrap=False, width=max(80, _width(out)))
-    console.print(table)
-    if not rows:
-        console.print("no sessions")
+        status = "would repair" if dry_run and row["status"] == "repaired" else row["status"]
+        table.add_row(row["session"] or row["path"] or "", _styled(status), str(row["truncated_bytes"]),
+                      appended, row["reason"] or "")
+    con = console(out)
+    con.print(table)
+    # Full paths below the table: never cut, never wrapped.
+    for row in rows:
+        if row["quarantine"]:
+            verb = "would quarantine" if dry_run else "quarantined"
+            what = " (a pattern: the stamp and random part are chosen when it is written)" \
+                if row.get("quarantine_is_pattern") else ""
+            con.print(f"{row['session']}: {verb} {row['truncated_bytes']} bytes in {row['quarantine']}{what}",
+                      markup=False, soft_wrap=True)
+    for row in rows:
+        if "error" in row:
+            note(f"{row['session'] or row['path']}: {row['error']}")
 
 
-# --- show ------------------------------------------------------------------------------
+# --- show --------------------------------------------------------------------------------
 
 
 def repaired_view(store: EventStore, sid: str, plan: RepairReport) -> Iterator[Any]:
@@ -289,69 +477,164 @@ def repaired_view(store: EventStore, sid: str, plan: RepairReport) -> Iterator[A
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    foreign = _foreign(args, out)
-    if foreign is not None:
-        return foreign
-    url, session = _target(args.target, args.session)
-    with _open(url, writing=False) as store:
-        ids = _sessions(store, session)
-        if len(ids) != 1:
-            raise UsageError(f"{args.target}: show needs exactly one session (found {len(ids)}); use --session ID")
-        sid = ids[0]
-        plan = store.repair(sid, force=True, dry_run=True)  # one scan: damage and what repair appends
-        damage = plan.damage
-        if damage is not None and damage.kind.needs_force:
-            print(f"warning: {sid}: {damage.kind} at offset {damage.offset}; showing the prefix before it",
-                  file=sys.stderr)
-        records = repaired_view(store, sid, plan)
+    with contextlib.ExitStack() as stack:
+        targets = _targets(args, stack, stdin=True)
+        if len(targets) != 1:
+            raise UsageError(f"show takes one session (got {len(targets)} targets)")
+        [target] = targets
+        if isinstance(target, Missing):
+            raise target.error
+        if _is_foreign(target):
+            from .foreign import command
+
+            try:
+                return command.run_show(target, view_format=args.format, check=args.check, out=out)
+            except command.ForeignUsageError as exc:
+                raise UsageError(str(exc)) from exc
+        if target.note:
+            note(f"note: {target.note}")
+        with target.open(writing=False) as store:
+            ids = target.sessions(store)
+            if len(ids) != 1:
+                raise UsageError(f"{target.text}: show needs exactly one session (found {len(ids)}); "
+                                 "use --session ID")
+            return _show(args, store, ids[0], out)
+
+
+def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) -> int:
+    plan = store.repair(sid, force=True, dry_run=True)  # one scan: damage and what repair appends
+    damage = plan.damage
+    if damage is not None and damage.kind.needs_force:
+        note(f"warning: {sid}: {damage.kind} at offset {damage.offset}; showing the prefix before it")
+    with progress(args, "reading", _session_bytes(store, sid) or None) as meter:
+        records = _metered(repaired_view(store, sid, plan), meter)
         if args.format == "events":
             for record in records:
                 out.write(record.raw.decode("utf-8") + "\n")
             return EXIT_OK
         from . import projection
 
-        view = projection.project(list(records), args.format)
-        for issue in view.issues:
-            print(f"note: {issue}", file=sys.stderr)
-        out.write(json.dumps(view.to_json(), ensure_ascii=False, indent=2) + "\n")
-        if args.check:
-            violation = projection.check_pairing(view.items, args.format)
-            if violation is not None:
-                print(f"pairing violation: {violation.message}", file=sys.stderr)
-                return EXIT_REPAIRABLE
+        view = projection.project(records, args.format)
+    for issue in view.issues:
+        note(f"note: {issue}")
+    document = view.to_json()
+    if args.json:
+        for item in _json_lines_of(document):
+            emit_json(out, item)
+    else:
+        out.write(json.dumps(document, ensure_ascii=False, indent=2) + "\n")
+    if args.check:
+        violation = projection.check_pairing(view.items, args.format)
+        if violation is not None:
+            note(f"pairing violation: {violation.message}")
+            return EXIT_REPAIRABLE
     return EXIT_OK
 
 
-# --- convert, compact, bench, demo ----------------------------------------------------
+def _json_lines_of(document: dict[str, Any]) -> Iterator[Any]:
+    """A view as JSON Lines: ``{"system": ...}`` first when there is one, then one item
+    (message / input item) per line."""
+    if "system" in document:
+        yield {"system": document["system"]}
+    yield from document.get("messages", document.get("input", []))
+
+
+def _metered(records: Iterator[Any], meter: Meter) -> Iterator[Any]:
+    for record in records:
+        raw = getattr(record, "raw", None)
+        if raw is not None:
+            meter.advance(len(raw) + 1)
+        yield record
+
+
+# --- convert, compact, restore, bench, demo ---------------------------------------------
 
 
 def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import convert
 
-    src, session = _target(args.src, args.session)
-    with _progress("converting", None) as advance:
-        results = convert.convert(src, args.dst, session=session, repaired=args.repaired, progress=advance)
-    for res in results:
-        out.write(json.dumps({"session": res.session, "status": res.status, "records": res.records,
-                              "reason": res.reason, "warnings": list(res.warnings)}) + "\n")
-        for note in res.warnings:
-            print(f"warning: {note}", file=sys.stderr)
-    return convert.exit_code(results)
+    *sources, dst = args.targets
+    if not sources:
+        raise UsageError("convert needs SRC... DST")
+    if STDIN in args.targets:
+        raise UsageError("convert does not read standard input (-): name a file or store")
+    results = []
+    codes = []
+    for src in sources:
+        try:
+            src_targets = resolve(src, session=args.session)
+        except TargetNotFound as exc:
+            note(f"sessionlog: {exc}")
+            codes.append(EXIT_ERROR)
+            continue
+        except InvalidStoreUrl as exc:
+            raise UsageError(str(exc)) from exc
+        for target in src_targets:
+            if target.note:
+                note(f"note: {target.note}")
+            with progress(args, "converting", None, unit="records") as meter:
+                done = convert.convert(target, dst, session=args.session, repaired=args.repaired,
+                                       force=args.force, progress=meter.advance)
+            for res in done:
+                row = res.to_json()
+                codes.append(res.exit_code)
+                results.append(row)
+                if args.json:
+                    emit_json(out, row)
+                for warning in res.warnings:
+                    note(f"warning: {warning}")
+    if not args.json:
+        _print_result_table(results, out, ("session", "status", "records", "reason"))
+    return worst(codes)
 
 
 def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
     from . import convert
 
-    url, session = _target(args.target, args.session)
-    with _progress("compacting", None) as advance:
-        results = convert.compact(url, session=session, progress=advance)
-    for res in results:
-        out.write(json.dumps({
-            "session": res.session, "status": res.status, "reason": res.reason,
-            "bytes_before": res.bytes_before, "bytes_after": res.bytes_after,
-            "frames_before": res.frames_before, "frames_after": res.frames_after,
-        }) + "\n")
-    return convert.exit_code(results)
+    rows: list[dict[str, Any]] = []
+    codes: list[int] = []
+    if STDIN in args.targets:
+        raise UsageError("compact does not read standard input (-): name a file or store")
+    for text in args.targets:
+        try:
+            targets = resolve(text, session=args.session)
+        except TargetNotFound as exc:
+            note(f"sessionlog: {exc}")
+            codes.append(EXIT_ERROR)
+            continue
+        except InvalidStoreUrl as exc:
+            raise UsageError(str(exc)) from exc
+        for target in targets:
+            with progress(args, "compacting", None, unit="records") as meter:
+                try:
+                    done = convert.compact(target, session=args.session, progress=meter.advance)
+                except convert.NothingToCompact as exc:
+                    raise UsageError(str(exc)) from exc
+            for res in done:
+                row = convert.compact_row(res)
+                codes.append(res.exit_code)
+                rows.append(row)
+                if args.json:
+                    emit_json(out, row)
+    if not args.json:
+        _print_result_table(rows, out, ("session", "status", "frames_before", "frames_after",
+                                        "bytes_before", "bytes_after", "reason"))
+    return worst(codes)
+
+
+def _print_result_table(rows: list[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> None:
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(show_edge=False, header_style="bold")
+    for col in columns:
+        table.add_column(col.replace("_", " "), justify="right" if col.startswith(("records", "frames", "bytes"))
+                         else "left")
+    for row in rows:
+        table.add_row(*(_styled(str(row[c])) if c == "status" else ("" if row.get(c) is None else str(row[c]))
+                        for c in columns))
+    console(out).print(table)
 
 
 def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
@@ -366,32 +649,46 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(out, keep=args.keep)
 
 
-# --- entry point -----------------------------------------------------------------------
+# --- entry point -------------------------------------------------------------------------
+
+TARGET_HELP = ("log files, store directories, or store URLs (jsonl:DIR, zstd:DIR, sqlite:///FILE, "
+               "postgresql+psycopg://...); a log file is the session its header names")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sessionlog",
         description="Crash-safe storage for agent session logs: scan, repair and view them.",
-        epilog="exit codes: 0 clean/repaired, 1 repairable, 2 usage, 3 needs --force, "
-        "4 I/O error or not a session log, 5 a writer holds the session",
+        epilog=EXIT_CODES_HELP,
     )
+    parser.add_argument("--version", action="version", version=f"sessionlog {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def target_cmd(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("target", help="a log file, a store directory, or a store URL (jsonl:DIR, zstd:DIR, sqlite:///FILE, postgresql+psycopg://...)")
+    def command(name: str, help_: str, exit_help: str, *, stdin: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_, epilog=exit_help)
+        p.add_argument("targets", nargs="+", metavar="TARGET",
+                       help=TARGET_HELP + ("; - reads standard input" if stdin else ""))
         p.add_argument("--session", metavar="ID", help="one session of the store")
-        if name in ("scan", "repair", "show"):
-            p.add_argument("--input-format", choices=("claude-code", "codex"), default=None,
-                           help="read TARGET as a Claude Code transcript or a Codex rollout (default: by content)")
+        p.add_argument("--quiet", "--no-progress", action="store_true", dest="quiet",
+                       help="no progress bar on standard error")
         return p
 
-    p = target_cmd("scan", "validate sessions without writing anything")
+    def foreign_formats(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--input-format", choices=("claude-code", "codex"), default=None,
+                       help="read TARGET as a Claude Code transcript or a Codex rollout (default: by content)")
+
+    p = command("scan", "validate sessions without writing anything",
+                "exit codes: 0 clean/open/suspended, 1 repairable, 2 usage, 3 needs --force, 4 error (no such target "
+                "or session, I/O, not a session log, unsupported format); the worst over all sessions",
+                stdin=True)
+    foreign_formats(p)
     p.add_argument("--json", action="store_true", help="one JSON object per session per line")
     p.set_defaults(func=cmd_scan)
 
-    p = target_cmd("repair", "quarantine damaged tails and close open transcripts")
+    p = command("repair", "quarantine damaged tails and close open transcripts",
+                "exit codes: 0 clean or repaired, 2 usage, 3 needs --force (left unchanged), 4 error, "
+                "5 a writer holds the session; the worst over all sessions")
+    foreign_formats(p)
     p.add_argument("--dry-run", action="store_true", help="report what would be done; write nothing")
     p.add_argument("--force", action="store_true", help="also cut mid-log damage and seq breaks (point in time)")
     p.add_argument("--expire-approvals", action="store_true",
@@ -399,19 +696,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per session per line")
     p.set_defaults(func=cmd_repair)
 
-    p = target_cmd("show", "print the repaired view of a session without writing")
+    p = command("show", "print the repaired view of one session without writing",
+                "exit codes: 0 shown, 1 --check found a pairing violation, 2 usage (not exactly one "
+                "session), 4 error", stdin=True)
+    foreign_formats(p)
     p.add_argument("--format", choices=("events", "openai", "anthropic", "responses"), default="events")
     p.add_argument("--check", action="store_true", help="check call/result pairing of the view (exit 1 on a violation)")
+    p.add_argument("--json", action="store_true",
+                   help="JSON Lines: one event, message or input item per line (events always are)")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("convert", help="copy sessions between stores, records byte-identical")
-    p.add_argument("src")
-    p.add_argument("dst")
+    p = sub.add_parser(
+        "convert", help="copy sessions between stores, records byte-identical",
+        description="Copy every session of each SRC (or one, --session) into DST, records byte-identical. "
+        "SRC is never written; a DST session is never overwritten (one that already holds the same records "
+        "is skipped, so an interrupted convert can be run again).",
+        epilog="exit codes: 0 done, 1 a SRC session is damaged and repairable (--repaired converts its "
+        "repaired view), 2 usage, 3 its damage needs --repaired --force, 4 error (no such SRC, I/O, a "
+        "different DST session of that id exists), 5 a writer holds the SRC session",
+    )
+    p.add_argument("targets", nargs="+", metavar="SRC... DST", help=TARGET_HELP + "; the last is DST")
     p.add_argument("--session", metavar="ID")
     p.add_argument("--repaired", action="store_true", help="write the repaired view of a damaged source")
+    p.add_argument("--force", action="store_true",
+                   help="with --repaired: also cut mid-log damage and seq breaks in the copy (SRC untouched)")
+    p.add_argument("--json", action="store_true", help="one JSON object per session per line")
+    p.add_argument("--quiet", "--no-progress", action="store_true", dest="quiet")
     p.set_defaults(func=cmd_convert)
 
-    p = target_cmd("compact", "rewrite Zstd sessions into larger frames")
+    p = command("compact", "rewrite Zstd sessions into larger frames",
+                "exit codes: 0 compacted or unchanged, 1 damaged (repair first), 2 usage (a store without "
+                "frames), 3 damaged and needs repair --force, 4 error, 5 a writer holds the session")
+    p.add_argument("--json", action="store_true", help="one JSON object per session per line")
     p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("bench", help="durable append throughput against the device ceiling", add_help=False)
@@ -439,22 +755,24 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         return args.func(args, out)
     except (UsageError, InvalidStoreUrl) as exc:
-        print(f"sessionlog: {exc}", file=sys.stderr)
+        note(f"sessionlog: {exc}")
         return EXIT_USAGE
     except SessionLocked as exc:
-        print(f"sessionlog: {exc}", file=sys.stderr)
+        note(f"sessionlog: {exc}")
         return EXIT_LOCKED
     except SessionLogError as exc:
-        print(f"sessionlog: {exc}", file=sys.stderr)
+        note(f"sessionlog: {exc}")
         return EXIT_ERROR
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no second error at exit
+        return EXIT_OK
     except OSError as exc:  # a backstop: the engine wraps these, the command never tracebacks
-        print(f"sessionlog: {exc.filename or ''} {exc.strerror or exc}".strip(), file=sys.stderr)
+        note(f"sessionlog: {exc.filename or ''} {exc.strerror or exc}".strip())
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("sessionlog: interrupted", file=sys.stderr)
+        note("sessionlog: interrupted")
         return 130
-    except BrokenPipeError:
-        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,10 +6,10 @@ fields included; a DST session is never overwritten (``import_session`` publishe
 session atomically or raises ``SessionExists``) and SRC is never written.
 
 Exit codes, for a command that reports several sessions (worst wins: 4 > 5 > 3 > 1 > 0):
-0 every session done · 1 a session's damage is repairable (``--repaired``, or repair it)
-· 3 a session's damage needs a ``--force`` repair first · 4 an error: I/O, not a session
-log, unsupported format, a DST session that already exists, a store that cannot compact ·
-5 a writer owns the session.
+0 every session done (or already identical in DST) · 1 a session's damage is repairable
+(``--repaired``) · 3 a session's damage needs ``--repaired --force`` · 4 an error: I/O,
+not a session log, unsupported format, a different DST session of that id · 5 a writer
+owns the session. ``compact`` of a store without frames is one usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import itertools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from . import InvalidStoreUrl, open_store
 from .contract import (
@@ -30,24 +31,33 @@ from .contract import (
     SessionLogError,
     SessionNotFound,
 )
-from .events import Record
+from .events import LOG_TRUNCATED, Record
 from .exits import worst
-from .targets import open_source as _open_source
-from .targets import resolve_target
+from .targets import StoreTarget, destination, resolve, resolve_target
+
+__all__ = ["ConvertResult", "NothingToCompact", "SkippableFramesDropped", "compact", "compact_row", "convert",
+           "exit_code", "resolve_target"]
 
 
 class SkippableFramesDropped(UserWarning):
     """SRC held zstd skippable frames (metadata readers skip); DST does not keep them."""
 
 
+class NothingToCompact(SessionLogError):
+    """``compact`` on a store whose backend has no frames (JSONL, SQL, memory): a usage
+    error for the whole store (exit 2), not one per session."""
+
+
 @dataclass(slots=True)
 class ConvertResult:
     """What ``convert`` did with one session.
 
-    ``status``: "converted"; "exists" (DST already has the session: left untouched);
-    "refused" (SRC is damaged and ``repaired`` was not asked, or its damage needs
-    force; ``scan`` is the report); "locked" (a writer owns the SRC session); "error"
-    (not a session log, unsupported format, I/O). ``records`` is the number written."""
+    ``status``: "converted"; "skipped" (DST already holds exactly these records, e.g. from
+    an interrupted run: left as it is); "exists" (DST holds a different session of that id:
+    left untouched); "refused" (SRC is damaged and ``repaired`` was not asked, or its damage
+    needs ``force``; ``scan`` is the report); "locked" (a writer owns the SRC session);
+    "error" (not a session log, unsupported format, I/O). ``records`` is the number written
+    (or found identical)."""
 
     session: str
     status: str
@@ -58,7 +68,7 @@ class ConvertResult:
 
     @property
     def exit_code(self) -> int:
-        if self.status == "converted":
+        if self.status in ("converted", "skipped"):
             return 0
         if self.status == "locked":
             return 5
@@ -66,6 +76,11 @@ class ConvertResult:
             damage = self.scan.damage if self.scan is not None else None
             return 3 if damage is not None and damage.kind.needs_force else 1
         return 4
+
+    def to_json(self) -> dict[str, Any]:
+        """The command line's ``--json`` row."""
+        return {"session": self.session, "status": self.status, "records": self.records,
+                "reason": self.reason, "warnings": list(self.warnings)}
 
 
 def exit_code(results: Iterable[ConvertResult | CompactReport]) -> int:
@@ -77,53 +92,61 @@ def exit_code(results: Iterable[ConvertResult | CompactReport]) -> int:
 
 
 def convert(
-    src_url: str,
+    src: str | StoreTarget,
     dst_url: str,
     *,
     session: str | None = None,
     repaired: bool = False,
+    force: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> list[ConvertResult]:
     """Copy every session of SRC (or just ``session``) into DST, record bytes verbatim.
 
-    A session already in DST is left untouched ("exists"). A damaged SRC session is
-    "refused" with its scan report, unless ``repaired``: then the repaired view (the
-    durable prefix plus the records ``repair`` would append) is written to DST and SRC
-    stays as it is. Damage that needs ``--force`` is always refused. Skippable zstd
-    frames in SRC are dropped with a :class:`SkippableFramesDropped` warning. Each DST
-    session is published atomically and read back to check its bytes. ``progress`` is
-    called with the number of records just written.
+    A session that DST already holds with exactly the records that would be written is
+    "skipped" (rerunning an interrupted convert finishes it); one that differs is left
+    untouched ("exists"). A damaged SRC session is "refused" with its scan report, unless
+    ``repaired``: then the repaired view (the durable prefix plus the records ``repair``
+    would append) is written to DST and SRC stays as it is. Damage that needs force
+    (mid-log, seq-break) also needs ``force``: the copy is cut at the durable prefix, the
+    dropped bytes stay in SRC (the marker's ``quarantine`` is null and ``source`` names
+    SRC). Skippable zstd frames in SRC are dropped with a :class:`SkippableFramesDropped`
+    warning. Each DST session is published atomically (Zstd: in frames of up to 1 MiB of
+    records) and read back to check its bytes. ``progress`` is called with the number of
+    records just written.
 
-    SRC and DST may also be plain paths (see :func:`resolve_target`); a path naming one
-    session file selects that session.
+    SRC and DST may be plain paths (see :mod:`sessionlog.targets`); a path naming one
+    session file selects that session (SRC: the session its header names).
 
     Raises InvalidStoreUrl, SessionNotFound (no SRC store or session), IOFailure."""
-    src_url, src_session = resolve_target(src_url)
-    dst_url, dst_session = resolve_target(dst_url)
-    for named in (src_session, dst_session):
+    if isinstance(src, str):
+        [target, *more] = resolve(src, session=session)
+        if more:
+            raise InvalidStoreUrl(f"{src}: holds files whose names differ from their headers; convert them one by one")
+    else:
+        target = src
+    dst_url, dst_session = destination(dst_url)
+    for named in (target.session, dst_session):
         if named is not None:
             if session is not None and named != session:
                 raise InvalidStoreUrl(f"session {session!r} asked for, but a target names session {named!r}")
             session = named
-    src = _open_source(src_url)
+    if session is not None and target.session is None:
+        target = StoreTarget(target.text, target.url, session=session)
+    store = target.open(writing=False)
     try:
+        ids = target.sessions(store)
         dst = open_store(dst_url)
         try:
-            ids = [session] if session is not None else src.sessions()
-            if session is not None and session not in src.sessions():
-                raise SessionNotFound(f"{src_url}: no session {session!r}")
             existing = set(dst.sessions())
-            return [_convert_one(src, dst, sid, sid in existing, repaired, progress) for sid in ids]
+            return [_convert_one(store, dst, sid, sid in existing, repaired, force, progress) for sid in ids]
         finally:
             dst.close()
     finally:
-        src.close()
+        store.close()
 
 
-def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repaired: bool,
+def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repaired: bool, force: bool,
                  progress: Callable[[int], None] | None) -> ConvertResult:
-    if exists:
-        return ConvertResult(sid, "exists", reason=f"{dst.url}: session {sid!r} already exists; not overwritten")
     try:
         scan = src.scan(sid)
     except SessionLogError as exc:  # not a session log, UnsupportedFormat, IOFailure
@@ -136,31 +159,38 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         if not repaired:
             what = (f"{scan.damage.kind} at offset {scan.damage.offset} ({scan.damage.reason})"
                     if scan.damage is not None else "quarantined tail without its marker")
-            return ConvertResult(sid, "refused", reason=f"SRC is damaged: {what}; convert --repaired "
-                                 "writes the repaired view", scan=scan)
-        plan = src.repair(sid, dry_run=True)
+            hint = "--repaired --force" if scan.damage is not None and scan.damage.kind.needs_force else "--repaired"
+            return ConvertResult(sid, "refused", reason=f"SRC is damaged: {what}; convert {hint} "
+                                 "writes the repaired view (SRC is never written)", scan=scan)
+        plan = src.repair(sid, dry_run=True, force=force)
         if plan.status == "refused":
-            return ConvertResult(sid, "refused", reason=plan.reason, scan=scan)
-        appended = [r if isinstance(r, Record) else Record.from_line(_raw(r)) for r in plan.appended]
+            reason = plan.reason
+            if scan.damage is not None and scan.damage.kind.needs_force:
+                reason = f"{reason}; convert --repaired --force cuts it in the copy only (SRC is never written)"
+            return ConvertResult(sid, "refused", reason=reason, scan=scan)
+        appended = [_copy_record(r, scan.path) for r in plan.appended]
     elif repaired and scan.transcript_open:
         plan = src.repair(sid, dry_run=True)
-        appended = [r if isinstance(r, Record) else Record.from_line(_raw(r)) for r in plan.appended]
+        appended = [_copy_record(r, scan.path) for r in plan.appended]
     notes: list[str] = []
     skipped = scan.skipped_frames
     if skipped:
         note = f"{sid}: {skipped} skippable zstd frame(s) in SRC are not carried over"
         warnings.warn(note, SkippableFramesDropped, stacklevel=3)
         notes.append(note)
+    expected = scan.last_seq + len(appended)
+    if exists:
+        if _digest(_stream(src, sid, scan, appended)) == _digest(dst.read(sid)):
+            return ConvertResult(sid, "skipped", records=expected, scan=scan, warnings=tuple(notes),
+                                 reason="DST already holds these records")
+        return ConvertResult(sid, "exists", reason=f"{dst.url}: a different session {sid!r} already exists; "
+                             "not overwritten", scan=scan)
     digest = hashlib.sha256()
     count = 0
 
-    reader = src.read(sid)
-
-    def stream() -> Iterator[Record]:
+    def counted() -> Iterator[Record]:
         nonlocal count
-        # Exactly the prefix the scan reported, then the repair plan's records (if any).
-        prefix = itertools.takewhile(lambda r: r.seq <= scan.last_seq, reader)
-        for record in itertools.chain(prefix, appended):
+        for record in _stream(src, sid, scan, appended):
             digest.update(record.raw)
             digest.update(b"\n")
             count += 1
@@ -169,27 +199,50 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
             yield record
 
     try:
-        last = dst.import_session(sid, stream())
+        last = dst.import_session(sid, counted())
     except SessionExists as exc:
         return ConvertResult(sid, "exists", reason=str(exc))
-    except InvalidEvent as exc:  # DST refused a record SRC's scan accepted (or SRC changed since)
-        return ConvertResult(sid, "error", reason=f"DST refused a record read from SRC: {exc}", scan=scan)
+    except InvalidEvent as exc:  # SRC changed between its scan and its read
+        return ConvertResult(sid, "error", reason=f"SRC changed while converting: {exc}", scan=scan)
     except SessionLogError as exc:
         return ConvertResult(sid, "error", reason=str(exc), scan=scan)
+    if progress is not None and count % 256:
+        progress(count % 256)
+    if last != expected or count != expected or _digest(dst.read(sid)) != digest.digest():
+        raise SessionLogError(f"{dst.url}: session {sid!r} does not read back byte-identical after convert")
+    return ConvertResult(sid, "converted", records=count, scan=scan, warnings=tuple(notes))
+
+
+def _stream(src: EventStore, sid: str, scan: ScanResult, appended: list[Record]) -> Iterator[Record]:
+    """Exactly the prefix the scan reported, then the repair plan's records (if any)."""
+    reader = src.read(sid)
+    try:
+        yield from itertools.takewhile(lambda r: r.seq <= scan.last_seq, reader)
+        yield from appended
     finally:
         close = getattr(reader, "close", None)
         if close is not None:
             close()  # release SRC's file handle even when the prefix ended early
-    if progress is not None and count % 256:
-        progress(count % 256)
-    expected = scan.last_seq + len(appended)
-    check = hashlib.sha256()
-    for record in dst.read(sid):
-        check.update(record.raw)
-        check.update(b"\n")
-    if last != expected or count != expected or check.digest() != digest.digest():
-        raise SessionLogError(f"{dst.url}: session {sid!r} does not read back byte-identical after convert")
-    return ConvertResult(sid, "converted", records=count, scan=scan, warnings=tuple(notes))
+
+
+def _digest(records: Iterable[Record]) -> bytes:
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(record.raw)
+        digest.update(b"\n")
+    return digest.digest()
+
+
+def _copy_record(record: object, src_path: str | None) -> Record:
+    """A repair-plan record as the copy gets it: a ``log/truncated`` marker names no
+    quarantine (none is written: the dropped bytes stay in SRC) and says where they are."""
+    if isinstance(record, Record) and record.type != LOG_TRUNCATED:
+        return record
+    fields = dict(record)  # type: ignore[call-overload]
+    if fields.get("type") == LOG_TRUNCATED and fields.get("quarantine") is not None:
+        fields["quarantine"] = None
+        fields["source"] = src_path
+    return Record.from_line(_raw(fields))
 
 
 def _raw(record: object) -> bytes:
@@ -202,30 +255,30 @@ def _raw(record: object) -> bytes:
 
 
 def compact(
-    url: str,
+    target: str | StoreTarget,
     *,
     session: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[CompactReport]:
     """Rewrite each session of a Zstd store (or just ``session``) into large frames,
     under its writer lock, atomically (see ``ZstdStore.compact``). A damaged session is
-    "refused", an owned one "locked"; a store of another backend is an "error" result.
-    ``progress`` is called with the number of records just rewritten.
-    Raises InvalidStoreUrl, SessionNotFound, IOFailure."""
-    url, named = resolve_target(url)
-    if named is not None:
-        if session is not None and named != session:
-            raise InvalidStoreUrl(f"session {session!r} asked for, but the target names session {named!r}")
-        session = named
-    store = open_store(url)
+    "refused", an owned one "locked". ``progress`` is called with the number of records
+    just rewritten. Raises NothingToCompact (a backend without frames), InvalidStoreUrl,
+    SessionNotFound, IOFailure."""
+    if isinstance(target, str):
+        [target, *_] = resolve(target, session=session)
+    elif session is not None and target.session is None:
+        target = StoreTarget(target.text, target.url, session=session)
+    if session is not None and target.session is not None and session != target.session:
+        raise InvalidStoreUrl(f"session {session!r} asked for, but the target names session {target.session!r}")
+    store = target.open(writing=True)
     try:
-        ids = [session] if session is not None else store.sessions()
         rewrite = getattr(store, "compact", None)
         if rewrite is None:
-            return [CompactReport(sid, None, "error", reason=f"{store.url}: this backend has no frames to compact")
-                    for sid in ids]
+            raise NothingToCompact(f"{store.url}: only Zstd stores have frames to compact "
+                                   "(convert it to zstd:DIR to compress it)")
         results = []
-        for sid in ids:
+        for sid in target.sessions(store):
             try:
                 results.append(rewrite(sid, progress=progress))
             except SessionNotFound:
@@ -235,3 +288,10 @@ def compact(
         return results
     finally:
         store.close()
+
+
+def compact_row(report: CompactReport) -> dict[str, Any]:
+    """The command line's ``--json`` row for one compacted session."""
+    return {"session": report.session, "status": report.status, "reason": report.reason,
+            "bytes_before": report.bytes_before, "bytes_after": report.bytes_after,
+            "frames_before": report.frames_before, "frames_after": report.frames_after}

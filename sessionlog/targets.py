@@ -1,30 +1,283 @@
-"""Command-line targets: a log file, a store directory or a store URL, as a store URL.
+"""Command-line targets: what a TARGET names, in sessionlog's terms.
 
-Shared by every command that takes a TARGET (scan, repair, show, convert, compact).
+Shared by every command that takes a TARGET (scan, repair, show, convert, compact). A
+TARGET is one of:
+
+* a store URL (``jsonl:DIR``, ``zstd:DIR``, ``sqlite:///FILE``, ``postgresql+psycopg://...``,
+  ``memory:``): every session in it;
+* a store directory (``*.jsonl`` or ``*.jsonl.zst`` files) or a SQLite file: every session
+  in it. Inside a store the file name is the session id: a file whose header names another
+  session is still inspected, under its header's id, with a note saying so;
+* a session log file, whatever its name: the session its header names (a copied or renamed
+  log can be inspected and repaired; the backend is told by its content: a zstd frame or a
+  JSON line);
+* ``-``: standard input, spooled to a temporary file (read-only commands).
+
+One rule for a TARGET that names nothing: :class:`TargetNotFound` (exit 4), whatever the
+spelling (a path, a ``jsonl:``/``zstd:``/``sqlite:`` URL, a session the store lacks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from . import InvalidStoreUrl, open_store, scheme_of
 from .contract import EventStore, SessionNotFound
+from .events import SESSION_START, Record, RecordError, valid_session_id
 
 KNOWN_SCHEMES = frozenset({"memory", "jsonl", "zstd", "sqlite", "postgresql"})
 FILE_SCHEMES = {".jsonl.zst": "zstd", ".jsonl": "jsonl"}
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+STDIN = "-"
+# How much of a file is read to find its header line (the record limit is 1 MiB).
+HEADER_LIMIT = (1 << 20) + 2
+
+
+class TargetNotFound(SessionNotFound):
+    """A TARGET that names no file, directory, store or session (exit 4)."""
+
+
+@dataclass(slots=True)
+class StoreTarget:
+    """A store, and which of its sessions a command works on.
+
+    ``session`` None means every session of the store except ``skip``. ``file_name`` is
+    set for a session file whose name is not ``<session><suffix>`` (a copied or renamed
+    log, identified by its header): the store sees it under that name. ``note`` says why
+    the target is not what its spelling suggests (read by people, printed on stderr).
+    ``shown_as`` replaces the path in output (``-`` for standard input)."""
+
+    text: str
+    url: str
+    session: str | None = None
+    file_name: str | None = None
+    skip: frozenset[str] = frozenset()
+    note: str | None = None
+    shown_as: str | None = None
+    path: str | None = None
+
+    def open(self, *, writing: bool) -> EventStore:
+        """Open the store, which must exist: read-only (``open_source``), or with
+        ``writing`` to change its sessions (nothing is created: not a directory, not a
+        table). Raises TargetNotFound, CorruptLog (a database that is not a store)."""
+        store = open_existing(self.url) if writing else open_source(self.url)
+        if self.file_name is not None and self.session is not None:
+            store.file_names[self.session] = self.file_name  # type: ignore[attr-defined]
+        return store
+
+    def sessions(self, store: EventStore) -> list[str]:
+        """The session ids to work on in ``store`` (opened from this target).
+        Raises TargetNotFound when the one session asked for is not there."""
+        if self.session is not None:
+            if self.file_name is None and self.session not in store.sessions():
+                raise TargetNotFound(f"{self.text}: no session {self.session!r}")
+            return [self.session]
+        return [sid for sid in store.sessions() if sid not in self.skip]
+
+
+@dataclass(slots=True)
+class Header:
+    """What a session file's first line says: its session id (None when the first line
+    is not a session/start header naming a valid id) and its backend scheme."""
+
+    scheme: str
+    session: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_url(text: str) -> bool:
+    head, sep, _ = text.partition(":")
+    return bool(sep) and head.partition("+")[0].lower() in KNOWN_SCHEMES and not os.path.exists(text)
+
+
+def resolve(text: str, *, session: str | None = None) -> list[StoreTarget]:
+    """The store targets one command-line TARGET names (several for a store directory
+    holding files whose headers disagree with their names).
+
+    Raises TargetNotFound (nothing there), InvalidStoreUrl (a malformed URL, a directory
+    whose backend cannot be told, a file that is no store or log)."""
+    if _is_url(text):
+        scheme_of(text)
+        return [StoreTarget(text, text, session=session)]
+    path = os.path.abspath(text)
+    if not os.path.lexists(path):
+        raise TargetNotFound(f"{text}: no such file, directory or store URL "
+                             "(jsonl:DIR, zstd:DIR, sqlite:///FILE, postgresql+psycopg://...)")
+    if os.path.isdir(path):
+        return _directory(text, path, session)
+    return [_file(text, path, session)]
+
+
+def _file(text: str, path: str, session: str | None) -> StoreTarget:
+    name = os.path.basename(path)
+    directory = os.path.dirname(path)
+    head = _head(path)
+    if head.startswith(SQLITE_MAGIC) or (not head and name.endswith(SQLITE_SUFFIXES)):
+        return StoreTarget(text, f"sqlite:///{path}", session=session, path=path)
+    scheme = "zstd" if head.startswith(ZSTD_MAGIC) else None
+    if scheme is None:
+        for suffix, by_name in FILE_SCHEMES.items():
+            if name.endswith(suffix) and not head:
+                scheme = by_name
+                break
+        else:
+            scheme = "jsonl"
+    header = read_header(path, scheme)
+    stem = _stem(name, scheme)
+    sid = header.session if header.session is not None else stem
+    if sid is None:
+        # No header naming a session and no usable name: let the scan say why (not a log).
+        sid = "unnamed"
+    if session is not None and session != sid:
+        raise InvalidStoreUrl(f"{text} holds session {sid!r}, not {session!r}")
+    note = None
+    file_name = None
+    if stem != sid:
+        file_name = name
+        if header.session is not None:
+            named = f" (the file name says {stem!r})" if stem is not None else ""
+            note = f"{text}: inspected as session {sid!r}, the id its header names{named}"
+    return StoreTarget(text, f"{scheme}:{directory}", session=sid, file_name=file_name, note=note, path=path)
+
+
+def _stem(name: str, scheme: str) -> str | None:
+    for suffix, by_name in FILE_SCHEMES.items():
+        if by_name == scheme and name.endswith(suffix) and valid_session_id(name[: -len(suffix)]) \
+                and not (scheme == "jsonl" and name.endswith(".jsonl.zst")):
+            return name[: -len(suffix)]
+    return None
+
+
+def _directory(text: str, path: str, session: str | None) -> list[StoreTarget]:
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise InvalidStoreUrl(f"{text}: cannot list: {exc.strerror or exc}") from exc
+    found = {scheme for name in names if not name.startswith(".")
+             for suffix, scheme in FILE_SCHEMES.items() if name.endswith(suffix)
+             and not (suffix == ".jsonl" and name.endswith(".jsonl.zst"))}
+    if not found:
+        raise InvalidStoreUrl(f"{text}: holds no session logs; name the backend with a URL (jsonl:{text}, zstd:{text})")
+    if len(found) > 1:
+        raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
+    scheme = found.pop()
+    suffix = next(s for s, sch in FILE_SCHEMES.items() if sch == scheme)
+    url = f"{scheme}:{path}"
+    if session is not None:
+        return [StoreTarget(text, url, session=session)]
+    renamed: list[StoreTarget] = []
+    for name in sorted(names):
+        stem = _stem(name, scheme) if not name.startswith(".") else None
+        if stem is None or not name.endswith(suffix):
+            continue
+        header = read_header(os.path.join(path, name), scheme)
+        if header.session is not None and header.session != stem:
+            renamed.append(StoreTarget(
+                text, url, session=header.session, file_name=name, path=os.path.join(path, name),
+                note=(f"{os.path.join(text, name)}: in a store the file name is the session id, but this "
+                      f"file's header names {header.session!r}: inspected as {header.session!r}; rename it "
+                      f"to {header.session}{suffix} or convert it"),
+            ))
+    skip = frozenset(_stem(t.file_name or "", scheme) or "" for t in renamed)
+    return [StoreTarget(text, url, skip=skip), *renamed]
+
+
+def _head(path: str) -> bytes:
+    """The first bytes of a regular file (nothing for a FIFO, a device or a link: opening
+    never blocks and never follows a link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, 16, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def read_header(path: str, scheme: str) -> Header:
+    """The session id a log file's first record names (None when it is not a valid
+    session/start header: the scan of the file then says what it is). Never raises for
+    bad content; reads at most one record's worth."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return Header(scheme, None)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return Header(scheme, None)
+            if scheme == "zstd":
+                import zstandard
+
+                reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+                data = b""
+                while b"\n" not in data and len(data) < HEADER_LIMIT:
+                    chunk = reader.read(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            else:
+                data = f.readline(HEADER_LIMIT)
+    except (OSError, Exception):  # zstandard.ZstdError and friends: the scan says what it is
+        return Header(scheme, None)
+    line, nl, _ = data.partition(b"\n")
+    if not nl:
+        return Header(scheme, None)
+    try:
+        record = Record.from_line(line)
+    except RecordError:
+        return Header(scheme, None)
+    sid = record.get("session")
+    if record.seq != 1 or record.type != SESSION_START or not valid_session_id(sid):
+        return Header(scheme, None)
+    return Header(scheme, sid)
+
+
+@contextlib.contextmanager
+def stdin_log() -> Iterator[str]:
+    """Standard input spooled to a file in a private temporary directory (removed on
+    exit); yields the file's path. The log is read like a file TARGET (by its header)."""
+    root = tempfile.mkdtemp(prefix="sessionlog-stdin-")
+    try:
+        path = os.path.join(root, "stdin.log")
+        with open(path, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        yield path
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def resolve_target(text: str) -> tuple[str, str | None]:
-    """A store URL and optional session id for a command-line TARGET.
+    """A store URL and optional session id for ``text`` (one store target: a URL, a store
+    directory, or a session file by its header). Raises TargetNotFound, InvalidStoreUrl
+    (also when a directory holds files whose headers disagree with their names)."""
+    [target] = resolve(text) if not _is_url(text) else [StoreTarget(text, text)]
+    if target.file_name is not None:
+        raise InvalidStoreUrl(f"{text}: the file name does not match the session its header names "
+                              f"({target.session!r}); rename it to use it as a store path")
+    return target.url, target.session
 
-    A store URL stays as it is. A file ``DIR/<id>.jsonl`` / ``DIR/<id>.jsonl.zst`` is
-    that session of ``jsonl:DIR`` / ``zstd:DIR``; a ``.sqlite``/``.db`` file is
-    ``sqlite:///FILE``; a directory holding ``*.jsonl`` (or ``*.jsonl.zst``) files is
-    that store. Raises InvalidStoreUrl when the backend cannot be told (an empty or
-    missing directory, both kinds of files): name it with a URL then."""
-    head, sep, _ = text.partition(":")
-    if sep and head.partition("+")[0].lower() in KNOWN_SCHEMES and not os.path.exists(text):
+
+def destination(text: str) -> tuple[str, str | None]:
+    """A store URL and optional session id for a destination: an existing store path or
+    file name, a URL, or a new ``DIR/<id>.jsonl[.zst]`` file (its directory may be new).
+    Raises InvalidStoreUrl when the backend of a new path cannot be told."""
+    if _is_url(text):
+        scheme_of(text)
         return text, None
     path = os.path.abspath(text)
     name = os.path.basename(path)
@@ -37,36 +290,37 @@ def resolve_target(text: str) -> tuple[str, str | None]:
         if not os.path.exists(path):
             raise InvalidStoreUrl(f"{text}: no such file or directory; name a new store with a URL (zstd:{text})")
         raise InvalidStoreUrl(f"{text}: not a session log (*.jsonl, *.jsonl.zst) or store directory")
-    try:
-        names = os.listdir(path)
-    except OSError as exc:
-        raise InvalidStoreUrl(f"{text}: cannot list: {exc.strerror or exc}") from exc
-    found = {scheme for name in names if not name.startswith(".")
-             for suffix, scheme in FILE_SCHEMES.items() if name.endswith(suffix)
-             and not (suffix == ".jsonl" and name.endswith(".jsonl.zst"))}
-    if len(found) == 1:
-        return f"{found.pop()}:{path}", None
-    if not found:
-        raise InvalidStoreUrl(f"{text}: holds no session logs; name the backend with a URL (jsonl:{text}, zstd:{text})")
-    raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
+    return resolve_target(text)
 
 
 def open_source(url: str) -> EventStore:
     """Open a store to read without writing to it: a file store's directory (or a SQLite
     file) must exist; a file store's directory is not created or swept; a SQL store is
     opened read-only (no table, schema or file is created; a database without the
-    sessionlog tables is CorruptLog)."""
+    sessionlog tables is CorruptLog). Raises TargetNotFound for a store that is not there."""
     scheme = scheme_of(url)
     if scheme in ("jsonl", "zstd"):
         directory = url.partition(":")[2]
         directory = directory[2:] if directory.startswith("//") else directory
+        if not directory:
+            raise InvalidStoreUrl(f"{url!r}: a {scheme} URL names a directory: {scheme}:DIR")
         if not os.path.isdir(directory):
-            raise SessionNotFound(f"{directory}: no such store directory")
+            raise TargetNotFound(f"{url}: no such store directory")
         return open_store(url, create_dir=False)
     if scheme == "sqlite":
         path = url.partition(":///")[2].partition("?")[0]
         if path and path != ":memory:" and not os.path.isfile(path):
-            raise SessionNotFound(f"{path}: no such SQLite store")
+            raise TargetNotFound(f"{url}: no such SQLite store")
     if scheme in ("sqlite", "postgresql"):
         return open_store(url, read_only=True)
+    return open_store(url)
+
+
+def open_existing(url: str) -> EventStore:
+    """Open an existing store to write to its sessions (repair, compact): like
+    :func:`open_source`, nothing is created; a SQL database must already be a store."""
+    open_source(url).close()
+    scheme = scheme_of(url)
+    if scheme in ("jsonl", "zstd"):
+        return open_store(url, create_dir=False)
     return open_store(url)

@@ -166,12 +166,39 @@ def test_show_events_is_the_repaired_view_without_writing(fixtures_copy):
     assert len((fixtures_copy / "torn.jsonl").read_text().splitlines()) == len(lines)
 
 
-def test_usage_errors_exit_2(tmp_path):
-    assert run("scan", str(tmp_path / "missing"))[0] == 2
-    assert run("scan", "nosuch://x")[0] == 2
+def test_nonexistent_targets_exit_4_however_spelled(tmp_path, capsys):
+    missing = tmp_path / "missing"
+    for spelling in (str(missing), f"jsonl:{missing}", f"zstd:{missing}", f"sqlite:///{missing}.db",
+                     str(missing / "s.jsonl"), "nosuch://x"):
+        for command in ("scan", "repair", "show", "compact"):
+            code, out = run(command, spelling)
+            err = capsys.readouterr().err
+            assert code == 4, (command, spelling)
+            assert out == "" and "no such" in err and "Traceback" not in err, (command, spelling, err)
+        code, out = run("convert", spelling, f"jsonl:{tmp_path / 'dst'}")
+        assert code == 4 and out == "" and "no such" in capsys.readouterr().err
+    assert not missing.exists() and not (tmp_path / "missing.db").exists()  # nothing created
+    store = sessionlog.open_store(f"jsonl:{tmp_path / 'st'}")
+    store.create("a")
+    code, out = run("scan", str(tmp_path / "st"), "--session", "nope", "--json")
+    assert code == 4 and "no session 'nope'" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(tmp_path, capsys):
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("a")
+    store.create("b")
     assert run("frobnicate")[0] == 2
+    assert run("scan")[0] == 2  # no TARGET
+    assert run("scan", "jsonl:")[0] == 2  # a malformed URL
+    assert run("scan", str(tmp_path / "a.jsonl"), "--session", "b")[0] == 2
+    assert run("show", str(tmp_path))[0] == 2  # two sessions
+    assert run("show", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))[0] == 2
+    assert run("repair", "-")[0] == 2  # standard input is for scan and show
+    capsys.readouterr()
     (tmp_path / "x.txt").write_text("hi")
-    assert run("scan", str(tmp_path / "x.txt"))[0] == 2
+    code, out = run("scan", str(tmp_path / "x.txt"), "--json")
+    assert code == 4 and json_lines(out)[0]["status"] == "error"  # a file is judged by its content
 
 
 def test_many_sessions_in_one_call(tmp_path):
@@ -192,7 +219,7 @@ def test_console_script_exit_codes(fixtures_copy):
     assert r.returncode == 1
     assert "torn" in r.stdout
     r = subprocess.run([exe, "scan", str(fixtures_copy / "nope.jsonl")], capture_output=True, text=True)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.returncode == 4 and "Traceback" not in r.stderr and r.stdout == ""
 
 
 def test_io_error_is_exit_4_without_traceback(tmp_path):
@@ -204,3 +231,105 @@ def test_io_error_is_exit_4_without_traceback(tmp_path):
     assert code == 4
     assert rows["s1"]["status"] == "error" and "s1.jsonl" in rows["s1"]["error"]
     assert rows["good"]["status"] == "clean"
+
+
+# --- targets: files by their header, several targets, standard input -------------------
+
+
+def test_a_renamed_log_is_the_session_its_header_names(tmp_path, capsys):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    original = open(os.path.join(FIXTURES, "torn.jsonl"), "rb").read()
+    (copy / "backup-of-yesterday.log").write_bytes(original)
+    target = str(copy / "backup-of-yesterday.log")
+    code, out = run("scan", target, "--json")
+    [row] = json_lines(out)
+    assert code == 1 and row["session"] == "torn" and row["status"] == "repairable"
+    assert row["damage"]["kind"] == "torn" and row["path"] == target
+    assert "inspected as session 'torn'" in capsys.readouterr().err
+    assert run("scan", target, "--session", "torn", "--json")[0] == 1
+    assert run("scan", target, "--session", "backup-of-yesterday")[0] == 2
+    assert os.listdir(copy) == ["backup-of-yesterday.log"]  # scan wrote nothing
+    code, out = run("repair", target, "--json")
+    [rep] = json_lines(out)
+    assert code == 0 and rep["status"] == "repaired"
+    assert os.path.dirname(rep["quarantine"]) == str(copy)
+    assert os.path.basename(rep["quarantine"]).startswith("backup-of-yesterday.log.2612.torn.")
+    repaired = (copy / "backup-of-yesterday.log").read_bytes()
+    assert repaired.startswith(original[:2612]) and open(rep["quarantine"], "rb").read() == original[2612:]
+    code, out = run("scan", target, "--json")
+    assert code == 0 and json_lines(out)[0]["status"] == "clean"
+    code, out = run("show", target, "--format", "openai", "--check")
+    assert code == 0 and json.loads(out)["messages"]
+
+
+def test_a_renamed_zstd_log_is_told_by_its_content(tmp_path):
+    store = sessionlog.open_store(f"zstd:{tmp_path / 'z'}")
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}])
+    shutil.copy(tmp_path / "z" / "s1.jsonl.zst", tmp_path / "copied.bin")
+    code, out = run("scan", str(tmp_path / "copied.bin"), "--json")
+    [row] = json_lines(out)
+    assert code == 1 and row["session"] == "s1" and row["status"] == "repairable"  # turn t1 open
+    code, out = run("show", str(tmp_path / "copied.bin"))
+    assert code == 0 and [json.loads(x)["type"] for x in out.splitlines()][:2] == ["session/start", "turn/start"]
+
+
+def test_in_a_store_the_name_matters_and_scan_says_so_without_refusing(tmp_path, capsys):
+    shutil.copy(os.path.join(FIXTURES, "healthy.jsonl"), tmp_path / "healthy.jsonl")
+    shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), tmp_path / "s1.jsonl")  # header: 'torn'
+    code, out = run("scan", str(tmp_path), "--json")
+    rows = {r["session"]: r for r in json_lines(out)}
+    assert code == 1  # the torn tail, not "not a log"
+    assert set(rows) == {"healthy", "torn"}
+    assert rows["torn"]["status"] == "repairable" and rows["torn"]["path"] == str(tmp_path / "s1.jsonl")
+    err = capsys.readouterr().err
+    assert "s1.jsonl" in err and "header names 'torn'" in err and "rename it to torn.jsonl" in err
+    code, out = run("scan", str(tmp_path))  # the table says it too (on stderr), exit the same
+    assert code == 1 and "torn" in out
+
+
+def test_several_targets_and_globs(fixtures_copy):
+    names = ["healthy", "torn", "mid-log"]
+    code, out = run("scan", *(str(fixtures_copy / f"{n}.jsonl") for n in names), "--json")
+    assert code == 3 and [r["session"] for r in json_lines(out)] == names
+    # what the shell makes of logs/*.jsonl
+    exe = os.path.join(os.path.dirname(sys.executable), "sessionlog")
+    r = subprocess.run(f"{exe} repair --json {fixtures_copy}/t*.jsonl {fixtures_copy}/z*.jsonl", shell=True,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(x["session"] for x in json_lines(r.stdout)) == ["torn", "zero-fill"]
+    assert all(x["status"] == "repaired" for x in json_lines(r.stdout))
+    # a missing target among others: the others are still worked on, exit 4
+    code, out = run("scan", str(fixtures_copy / "healthy.jsonl"), str(fixtures_copy / "gone.jsonl"), "--json")
+    rows = json_lines(out)
+    assert code == 4 and [r["status"] for r in rows] == ["clean", "error"]
+
+
+def test_standard_input_for_scan_and_show(tmp_path):
+    data = open(os.path.join(FIXTURES, "torn.jsonl"), "rb").read()
+    cmd = [sys.executable, "-m", "sessionlog"]
+    r = subprocess.run(cmd + ["scan", "-", "--json"], input=data, capture_output=True)
+    assert r.returncode == 1, r.stderr
+    [row] = json_lines(r.stdout.decode())
+    assert row["session"] == "torn" and row["path"] == "-" and row["damage"]["kind"] == "torn"
+    r = subprocess.run(cmd + ["show", "-", "--format", "openai", "--check"], input=data, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["messages"][0]["role"] == "user"
+    r = subprocess.run(cmd + ["repair", "-"], input=data, capture_output=True)
+    assert r.returncode == 2 and b"standard input" in r.stderr
+
+
+def test_version_and_python_m(fixtures_copy):
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"sessionlog {sessionlog.__version__}"
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "scan", str(fixtures_copy / "torn.jsonl")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "torn" in r.stdout and r.stderr == ""
+
+
+def test_help_documents_the_exit_codes_of_every_command():
+    for command in ("scan", "repair", "show", "convert", "compact"):
+        r = subprocess.run([sys.executable, "-m", "sessionlog", command, "--help"], capture_output=True, text=True)
+        assert r.returncode == 0 and "exit codes:" in r.stdout, command
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "--help"], capture_output=True, text=True)
+    assert "4 error (a target or session that does not exist" in " ".join(r.stdout.split())

@@ -23,6 +23,7 @@ from sessionlog.convert import (
     exit_code,
     resolve_target,
 )
+from sessionlog.targets import destination
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
     200 if os.environ.get("SESSIONLOG_SLOW") else 25
@@ -192,10 +193,13 @@ def test_plain_paths_resolve_to_stores_and_sessions(tmp_path):
     jsonl_store(tmp_path / "a", {"s": [TURN], "t": []})
     assert resolve_target(str(tmp_path / "a")) == (f"jsonl:{tmp_path / 'a'}", None)
     assert resolve_target(str(tmp_path / "a" / "s.jsonl")) == (f"jsonl:{tmp_path / 'a'}", "s")
-    assert resolve_target(str(tmp_path / "z" / "s.jsonl.zst")) == (f"zstd:{tmp_path / 'z'}", "s")
+    # A destination may be new: its backend is told by its name.
+    assert destination(str(tmp_path / "z" / "s.jsonl.zst")) == (f"zstd:{tmp_path / 'z'}", "s")
     assert resolve_target("zstd:relative/dir") == ("zstd:relative/dir", None)
-    assert resolve_target(str(tmp_path / "x.sqlite")) == (f"sqlite:///{tmp_path / 'x.sqlite'}", None)
+    assert destination(str(tmp_path / "x.sqlite")) == (f"sqlite:///{tmp_path / 'x.sqlite'}", None)
     with pytest.raises(InvalidStoreUrl):
+        destination(str(tmp_path / "nowhere"))
+    with pytest.raises(SessionNotFound):  # a source must exist
         resolve_target(str(tmp_path / "nowhere"))
     # A session file to a session file of the other backend: just that session.
     [result] = convert(str(tmp_path / "a" / "s.jsonl"), str(tmp_path / "z" / "s.jsonl.zst"))

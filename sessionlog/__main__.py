@@ -1,0 +1,7 @@
+"""``python -m sessionlog``: the ``sessionlog`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
