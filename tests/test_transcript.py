@@ -9,6 +9,7 @@ duplicate results, unknown tools, failed and cancelled steps, late results)."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +54,7 @@ def result(turn: str, step: int, cid: str, output: str = "ok", is_error: bool = 
 
 
 TOOLS = ("read_file", "deploy", "search")
+SLOW = bool(os.environ.get("SESSIONLOG_SLOW"))
 
 
 @st.composite
@@ -507,7 +509,7 @@ def interleaved_logs(draw: st.DrawFn, approvals: bool = False) -> list[dict[str,
     return events
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=3000 if SLOW else 300, deadline=None)
 @given(interleaved_logs())
 def test_after_crash_repair_every_call_is_answered_once_and_everything_is_closed(events) -> None:
     from sessionlog.projection import FORMATS, check_pairing, project
@@ -526,7 +528,7 @@ def test_after_crash_repair_every_call_is_answered_once_and_everything_is_closed
         assert check_pairing(view.items, fmt) is None, (fmt, check_pairing(view.items, fmt))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=2000 if SLOW else 150, deadline=None)
 @given(interleaved_logs(approvals=True))
 def test_through_a_store_repair_leaves_a_clean_or_suspended_session(events) -> None:
     import sessionlog
