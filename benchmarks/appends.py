@@ -223,35 +223,57 @@ def append_cases(
 # --- write-behind ---------------------------------------------------------------------
 
 
-def write_behind_id(backend: str, producers: int) -> str:
-    return f"write-behind/{backend}/producers-{producers}"
+def write_behind_id(backend: str, producers: int, mode: str = "producers") -> str:
+    return f"write-behind/{backend}/{mode}-{producers}"
+
+
+GROUP_SESSIONS = 100
+"""Sessions (one producer each) of the cross-session group commit cases (SQL stores)."""
 
 
 def write_behind_cases(backend: Backend, events: Sequence[Mapping[str, Any]], record_bytes: float,
                        stack: contextlib.ExitStack) -> tuple[list[Case], list[Result]]:
-    """Group commit through the embedded writer (``sessionlog.writer.WriteBehind``,
-    DESIGN.md section 6): one session per case; P asyncio producers (P in
-    :data:`PRODUCERS`), each appending one event and awaiting its durability
-    (``await writer.append(id, [event])``) before the next, :data:`PER_PRODUCER` events
-    each per operation. The target compares P=64 against ``append/<backend>/batch-1``.
+    """Group commit through the embedded writer (``sessionlog.writer.WriteBehind``): one
+    session per case; P asyncio producers (P in :data:`PRODUCERS`), each appending one
+    event at a time, :data:`PER_PRODUCER` events each per operation, in two styles:
+    ``await writer.append(id, [event])`` (``producers-P``) and
+    ``writer.submit(id, [event]); await writer.flush(id)`` (``submit-flush-P``). The
+    targets compare P=64 against ``append/<backend>/batch-1``, the two styles at P=64, and
+    P=1 against a direct durable append (what the hop to the writer costs).
 
-    HOOK(write-behind): if the writer is missing or its API differs, every case is
-    reported as skipped with the reason; adapt :func:`_write_behind_case` to the API."""
-    labels = {p: f"{backend.name}: write-behind, {p} producer{'s' if p > 1 else ''} awaiting durability"
-              for p in PRODUCERS}
+    On stores with ``append_group`` (SQL): :data:`GROUP_SESSIONS` sessions, one producer
+    each awaiting every append, with group commit across sessions (``sessions-100``) and
+    with one commit per session (``group_commit=False``: ``sessions-100-per-session``)."""
+    styles = (("producers", "awaiting durability"), ("submit-flush", "submit + flush"))
+    labels = {(mode, p): f"{backend.name}: write-behind, {p} producer{'s' if p > 1 else ''}, {what}"
+              for mode, what in styles for p in PRODUCERS}
     try:
         from sessionlog.writer import WriteBehind
     except ImportError as exc:
         reason = f"no embedded writer (sessionlog.writer.WriteBehind): {exc}"
-        return [], [skipped(write_behind_id(backend.name, p), "write-behind", labels[p], reason) for p in PRODUCERS]
+        return [], [skipped(write_behind_id(backend.name, p, mode), "write-behind", label, reason)
+                    for (mode, p), label in labels.items()]
     cases: list[Case] = []
     results: list[Result] = []
-    for p in PRODUCERS:
+
+    def build(case_id: str, label: str, make: Callable[[], Case]) -> None:
         try:
-            cases.append(_write_behind_case(WriteBehind, backend, p, labels[p], events, record_bytes, stack))
+            cases.append(make())
         except Exception as exc:
-            results.append(Result(write_behind_id(backend.name, p), "write-behind", labels[p], "records/s",
+            results.append(Result(case_id, "write-behind", label, "records/s",
                                   status="error", reason=f"setup failed: {type(exc).__name__}: {exc}"))
+
+    for (mode, p), label in labels.items():
+        build(write_behind_id(backend.name, p, mode), label,
+              lambda mode=mode, p=p, label=label: _write_behind_case(WriteBehind, backend, p, label, events,
+                                                                     record_bytes, stack, mode=mode))
+    if callable(getattr(backend.store, "append_group", None)):
+        for grouped, mode in ((True, "sessions"), (False, "sessions-per-session")):
+            what = "one append_group" if grouped else "a commit per session"
+            label = f"{backend.name}: write-behind, {GROUP_SESSIONS} sessions x 1 producer, {what}"
+            build(write_behind_id(backend.name, GROUP_SESSIONS, mode), label,
+                  lambda grouped=grouped, mode=mode, label=label: _group_case(
+                      WriteBehind, backend, grouped, mode, label, events, record_bytes, stack))
     return cases, results
 
 
@@ -260,9 +282,10 @@ PER_PRODUCER = 8
 
 
 def _write_behind_case(writer_cls: Any, backend: Backend, producers: int, label: str,
-                       events: Sequence[Mapping[str, Any]], record_bytes: float, stack: contextlib.ExitStack) -> Case:
+                       events: Sequence[Mapping[str, Any]], record_bytes: float, stack: contextlib.ExitStack,
+                       *, mode: str = "producers") -> Case:
     store = backend.store
-    sid = backend.sid(f"wb-{producers}")
+    sid = backend.sid(f"wb-{mode}-{producers}")
     store.create(sid)
     loop = asyncio.new_event_loop()
     stack.callback(loop.close)
@@ -274,8 +297,15 @@ def _write_behind_case(writer_cls: Any, backend: Backend, producers: int, label:
         for j in range(PER_PRODUCER):
             await writer.append(sid, [events[(k * PER_PRODUCER + j) % n]])
 
+    async def submitter(k: int) -> None:
+        for j in range(PER_PRODUCER):
+            writer.submit(sid, [events[(k * PER_PRODUCER + j) % n]])
+            await writer.flush(sid)
+
+    body = producer if mode == "producers" else submitter
+
     async def all_producers() -> None:
-        await asyncio.gather(*(producer(k) for k in range(producers)))
+        await asyncio.gather(*(body(k) for k in range(producers)))
 
     units = producers * PER_PRODUCER
 
@@ -283,5 +313,35 @@ def _write_behind_case(writer_cls: Any, backend: Backend, producers: int, label:
         loop.run_until_complete(all_producers())
         return units, int(units * record_bytes)
 
-    return Case(write_behind_id(backend.name, producers), "write-behind", label, op,
-                meta={"backend": backend.name, "producers": producers})
+    return Case(write_behind_id(backend.name, producers, mode), "write-behind", label, op,
+                meta={"backend": backend.name, "producers": producers, "mode": mode})
+
+
+def _group_case(writer_cls: Any, backend: Backend, grouped: bool, mode: str, label: str,
+                events: Sequence[Mapping[str, Any]], record_bytes: float, stack: contextlib.ExitStack) -> Case:
+    store = backend.store
+    ids = [backend.sid(f"wb-{mode}-{i:03d}") for i in range(GROUP_SESSIONS)]
+    for sid in ids:
+        store.create(sid)
+    loop = asyncio.new_event_loop()
+    stack.callback(loop.close)
+    writer = writer_cls(store, group_commit=grouped)
+    stack.callback(lambda: loop.run_until_complete(writer.close()))
+    n = len(events)
+    per = 2
+
+    async def producer(k: int) -> None:
+        for j in range(per):
+            await writer.append(ids[k], [events[(k * per + j) % n]])
+
+    async def all_producers() -> None:
+        await asyncio.gather(*(producer(k) for k in range(GROUP_SESSIONS)))
+
+    units = GROUP_SESSIONS * per
+
+    def op() -> Work:
+        loop.run_until_complete(all_producers())
+        return units, int(units * record_bytes)
+
+    return Case(write_behind_id(backend.name, GROUP_SESSIONS, mode), "write-behind", label, op,
+                meta={"backend": backend.name, "sessions": GROUP_SESSIONS, "group_commit": grouped})

@@ -104,9 +104,10 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
         if backend.store is not None:
             c, r = appends.write_behind_cases(backend, pool, record_bytes, stack)
         else:
-            r = [appends.skipped(appends.write_behind_id(backend.name, p), "write-behind",
-                                 f"{backend.name}: write-behind, {p} producers", backend.reason or "not available")
-                 for p in appends.PRODUCERS]
+            r = [appends.skipped(appends.write_behind_id(backend.name, p, mode), "write-behind",
+                                 f"{backend.name}: write-behind, {p} producers ({mode})",
+                                 backend.reason or "not available")
+                 for mode in ("producers", "submit-flush") for p in appends.PRODUCERS]
             c = []
         cases += c
         results += r

@@ -37,9 +37,29 @@ def file_backend_targets(backend: str) -> list[Target]:
                f"append/{backend}/oneshot-1", "ceiling/sync-1", None),
         Target(f"{backend}-sessions-100", f"{backend} 100 sessions round-robin / raw 1 per sync",
                f"append/{backend}/sessions-100", "ceiling/sync-1", None),
+        *write_behind_targets(backend),
+    ]
+
+
+def write_behind_targets(backend: str) -> list[Target]:
+    """Write-behind on any backend: group commit at 64 producers, submit()+flush() within
+    20% of await append() at 64, and one producer against a direct durable append (what
+    the hop to the writer costs)."""
+    return [
         Target(f"{backend}-write-behind-64", f"{backend} write-behind, 64 producers / durable batch 1",
                f"write-behind/{backend}/producers-64", f"append/{backend}/batch-1", 10.0),
+        Target(f"{backend}-submit-flush-64", f"{backend} write-behind, 64 producers: submit+flush / await append",
+               f"write-behind/{backend}/submit-flush-64", f"write-behind/{backend}/producers-64", 0.8),
+        Target(f"{backend}-write-behind-1", f"{backend} write-behind, 1 producer awaiting each / durable batch 1",
+               f"write-behind/{backend}/producers-1", f"append/{backend}/batch-1", 0.9),
     ]
+
+
+def write_behind_group_target(backend: str) -> Target:
+    """Cross-session group commit through the writer (SQL): 100 sessions x 1 producer."""
+    return Target(f"{backend}-write-behind-group-100",
+                  f"{backend} write-behind, 100 sessions x 1 producer: group commit / a commit per session",
+                  f"write-behind/{backend}/sessions-100", f"write-behind/{backend}/sessions-per-session-100", 5.0)
 
 
 def all_targets(backends: list[str]) -> list[Target]:
@@ -54,8 +74,8 @@ def all_targets(backends: list[str]) -> list[Target]:
                    "append/sqlite/batch-1", "peer/sqlite3/tail-commit-1", 0.8),
             Target("sqlite-executemany-1024", "sqlite backend batch 1024 / stdlib sqlite3 executemany 1024",
                    "append/sqlite/batch-1024", "peer/sqlite3/executemany-1024", 0.85),
-            Target("sqlite-write-behind-64", "sqlite write-behind, 64 producers / durable batch 1",
-                   "write-behind/sqlite/producers-64", "append/sqlite/batch-1", 10.0),
+            *write_behind_targets("sqlite"),
+            write_behind_group_target("sqlite"),
             Target("sqlite-group-100", "sqlite 100 sessions x 1 event: one append_group / a commit per session",
                    "append/sqlite/group-100", "append/sqlite/sessions-100", 5.0),
         ]
@@ -66,6 +86,7 @@ def all_targets(backends: list[str]) -> list[Target]:
             Target("postgresql-group-100",
                    "postgresql 100 sessions x 1 event: one append_group / a commit per session",
                    "append/postgresql/group-100", "append/postgresql/sessions-100", 5.0),
+            write_behind_group_target("postgresql"),
         ]
     if "jsonl" in backends:
         out.append(Target("jsonl-scan", "jsonl store.scan / msgspec decoding the same lines alone",

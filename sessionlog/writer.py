@@ -89,6 +89,7 @@ class _Pending:
     expect_seq: int | None = None  # the session's last seq before these events, if the producer named it
     awaited: bool = False  # an append() is waiting on it (withdrawn when the session pauses)
     refused: bool = False  # failed for its own events, not for the session's state
+    barriers: list[asyncio.Future[None]] | None = None  # flushes waiting for it to settle
 
 
 @dataclass(eq=False)
@@ -102,7 +103,7 @@ class _Lane:
     last: _Pending | None = None  # the last event accepted: what a flush waits for
     paused: SessionLogError | None = None  # a retryable failure: the automatic path waits for flush()
     dead: SessionLogError | None = None  # an unknown outcome: nothing more is written
-    stalled: asyncio.Future[None] | None = None  # resolved when the lane pauses (wakes flushes)
+    waiters: set[asyncio.Future[None]] = field(default_factory=set)  # flushes waiting (woken when it pauses)
 
 
 class WriteBehind:
@@ -456,9 +457,10 @@ class WriteBehind:
             _fail(awaited, exc)
             lane.queue = deque(p for p in lane.queue if not p.awaited)
         lane.paused = exc
-        if lane.stalled is not None and not lane.stalled.done():
-            lane.stalled.set_result(None)
-        lane.stalled = None
+        for waiter in lane.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        lane.waiters.clear()
         self._report(lane, exc)
 
     def _stop(self, lane: _Lane, batch: list[_Pending], exc: AppendFailed) -> None:
@@ -518,9 +520,16 @@ class WriteBehind:
                     raise lane.paused from retried
                 retried, lane.paused = lane.paused, None
             self._start(lane)
-            if lane.stalled is None:
-                lane.stalled = asyncio.get_running_loop().create_future()
-            await asyncio.wait((target.future, lane.stalled), return_when=asyncio.FIRST_COMPLETED)
+            # Woken when the target settles or the lane pauses, whichever comes first.
+            waiter = asyncio.get_running_loop().create_future()
+            lane.waiters.add(waiter)
+            if target.barriers is None:
+                target.barriers = []
+            target.barriers.append(waiter)
+            try:
+                await waiter
+            finally:
+                lane.waiters.discard(waiter)
         if target.refused:
             return
         exc = target.future.exception()
@@ -647,6 +656,8 @@ def _resolve(batch: list[_Pending], last: int) -> None:
         end += len(pending.events)
         if not pending.future.done():
             pending.future.set_result(end)
+            if pending.barriers:
+                _wake(pending.barriers)
 
 
 def _refuse(pending: _Pending, exc: BaseException) -> None:
@@ -659,3 +670,11 @@ def _fail(pending: Sequence[_Pending] | deque[_Pending], exc: BaseException) -> 
         if not p.future.done():
             p.future.set_exception(exc)
             p.future.exception()  # retrieved: the failure is also reported to on_error
+            if p.barriers:
+                _wake(p.barriers)
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
