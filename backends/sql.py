@@ -575,7 +575,7 @@ class SqlStore:
         byte, which only a verbatim ``msgspec.Raw`` value can carry) is InvalidEvent:
         append never acknowledges what scan refuses."""
         lines = encode_batch(events, first_seq, self.limits)
-        if any(map(_has_newline, lines)):
+        if b"\n" in b"".join(lines):  # one memchr over the batch: cheaper than one per line
             for i, line in enumerate(lines):
                 if b"\n" in line:
                     raise InvalidEvent(f"event {i} of the batch spans lines (a msgspec.Raw value holding a newline)")
@@ -1148,9 +1148,6 @@ def _encoder(store: SqlStore, events: list[Mapping[str, Any]], index: int) -> Ca
             raise blame(exc, index) from None
 
     return encode
-
-
-_has_newline = re.compile(b"\n").search
 
 
 def _is_driver_error(exc: BaseException) -> bool:

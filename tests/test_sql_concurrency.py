@@ -189,3 +189,54 @@ def test_owner_in_another_process(sql_url: str) -> None:
         assert not scan.owned and scan.status is Status.REPAIRABLE
         report = store.repair("o1")
         assert [r.type for r in report.appended] == ["turn/end"]
+
+
+GROUPER = r"""
+import json, os, sys, time
+import sessionlog
+url, worker, sessions, rounds, go = sys.argv[1:]
+sessions, rounds = int(sessions), int(rounds)
+store = sessionlog.open_store(url)
+mine = [f"g{worker}-{k}" for k in range(sessions)]
+handles = [store.session(sid, timeout=30) for sid in mine]
+theirs = f"g{(int(worker) + 1) % 3}-0"
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.002)
+try:
+    store.session(theirs, timeout=0.2)
+    locked_out = False
+except sessionlog.SessionLocked:
+    locked_out = True
+lasts = []
+for r in range(rounds):
+    lasts.append(store.append_group([(h, [{"type": "grp/x", "w": worker, "r": r}]) for h in handles]))
+print(json.dumps({"locked_out": locked_out, "lasts": lasts}), flush=True)
+time.sleep(0.5)  # keep owning until every worker has tried someone else's session
+"""
+
+
+def test_group_commits_from_racing_processes(sql_url: str, tmp_path: Path) -> None:
+    workers, sessions, rounds = 3, 10, 15
+    with sessionlog.open_store(sql_url) as store:
+        for w in range(workers):
+            for k in range(sessions):
+                store.create(f"g{w}-{k}")
+    go = tmp_path / "go"
+    procs = [child(GROUPER, sql_url, w, sessions, rounds, go) for w in range(workers)]
+    for p in procs:  # every worker owns its sessions before any tries another's
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    assert all(r["locked_out"] for r in results)  # a session has one owner across processes
+    with sessionlog.open_store(sql_url) as store:
+        for w, result in enumerate(results):
+            assert result["lasts"] == [[2 + r] * sessions for r in range(rounds)]
+            for k in range(sessions):
+                records = list(store.read(f"g{w}-{k}"))
+                assert [(r["w"], r["r"]) for r in records[1:]] == [(str(w), r) for r in range(rounds)]
+                assert store.scan(f"g{w}-{k}").status is Status.CLEAN
