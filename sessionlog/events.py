@@ -295,7 +295,9 @@ def decode_region(region: bytes, first_seq: int) -> list[Record]:
             good = i
             break
         seq += 1
-    return [Record(lines[i], envelopes[i].seq, envelopes[i].ts, envelopes[i].type, members[i]) for i in range(good)]
+    if good < len(lines):
+        del lines[good:]
+    return [Record(line, e.seq, e.ts, e.type, m) for line, e, m in zip(lines, envelopes, members)]
 
 
 def unreadable(lines: list[bytes]) -> tuple[int, str] | None:

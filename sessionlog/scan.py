@@ -151,16 +151,24 @@ class LineScan:
                 if end > i:
                     records = decode_region(buf[i:end], expected)
                     start = i
-                    for record in records:
-                        if len(record.raw) > limit:
-                            break  # the exact path reports it
-                        i += len(record.raw) + 1
-                        expected += 1
+                    raws = [r.raw for r in records]
+                    if raws and max(map(len, raws)) > limit:
+                        # Keep the records before the first one over the limit; the exact
+                        # path reports that one.
+                        del records[next(k for k, raw in enumerate(raws) if len(raw) > limit):]
+                        del raws[len(records):]
+                    proven = i + sum(map(len, raws)) + len(raws)
+                    if records:
+                        # The region's records go out in one C-level loop; the summary is
+                        # brought up to date once the consumer has taken them all.
+                        yield from records
+                        last = records[-1]
+                        i = proven
+                        expected += len(records)
                         self.stable_offset = base + i
-                        self.last_seq = record.seq
-                        self.last_ts = record.ts
-                        self.count += 1
-                        yield record
+                        self.last_seq = last.seq
+                        self.last_ts = last.ts
+                        self.count += len(records)
                     if i == end:
                         failures = 0
                         span = min(2 * span, REGION)
