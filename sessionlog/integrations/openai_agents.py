@@ -22,7 +22,9 @@ vocabulary, so ``sessionlog scan``, ``repair`` and ``show`` understand the conve
 The Runner saves a turn's response and its tool outputs in one ``add_items`` *after* the
 tools ran. :meth:`SessionLogSession.run_hooks` closes that window: the response is recorded
 when it arrives (``on_llm_end``), each call's ``tool/call`` is durable before its body runs
-(``on_tool_start``) and its output when it returns (``on_tool_end``). Those records are
+(``on_tool_start``) and its output when it returns (``on_tool_end``); each model request
+gets ``llm/request`` (the results it carries) and ``llm/response``, which is what
+:func:`sessionlog.pending_deliveries` reads. The response and output records are
 provisional: the turn's own ``add_items`` settles them (one ``agents/items`` record that
 replaces them, so nothing is doubled). After a crash the session's next open repairs the
 log once (sessionlog's repair: ``TOOL_OUTCOME_UNKNOWN`` for a call that started,
@@ -32,6 +34,8 @@ exactly one output after it.
 A response whose calls the Runner saves without their outputs paused the run for a human
 (approval): the calls get ``tool/approval`` ``requested``; ``approved`` is recorded when the
 tool then starts, ``rejected`` when the Runner saves an output for it that no tool produced.
+A run without ``session=`` (server-managed conversation state, which the SDK does not
+combine with a Session) records its pause with :meth:`SessionLogSession.record_pause`.
 
 The session owns its sessionlog session (one writer) from its first use until
 :meth:`SessionLogSession.close`. Install with ``pip install 'sessionlog[agents]'``.
