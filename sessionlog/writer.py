@@ -517,7 +517,7 @@ class WriteBehind:
                 raise lane.dead
             if lane.paused is not None:
                 if retried is not None:
-                    raise lane.paused from retried
+                    raise lane.paused  # its own cause (the OSError...) is kept
                 retried, lane.paused = lane.paused, None
             self._start(lane)
             # Woken when the target settles or the lane pauses, whichever comes first.

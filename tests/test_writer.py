@@ -621,3 +621,26 @@ def test_a_session_owned_elsewhere_fails_alone_in_a_group(sql_store):
     assert isinstance(results[2], sessionlog.SessionLocked)
     assert [results[i] for i in (0, 1, 3)] == [2, 2, 2]
     assert [r["type"] for r in sql_store.read("o2")] == ["session/start"]
+
+
+def test_flush_and_close_raise_only_session_log_errors(tmp_path):
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+
+    class Broken:
+        def session(self, sid, **kw):
+            raise RuntimeError("driver exploded")  # not the engine's own error
+
+    async def main():
+        w = WriteBehind(Broken())
+        queued = w.submit("s1", [{"type": "a"}])
+        with pytest.raises(sessionlog.SessionLogError) as info:
+            await asyncio.wait_for(w.flush("s1"), 5)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        with pytest.raises(sessionlog.SessionLogError):
+            await w.close()
+        with pytest.raises(sessionlog.SessionLogError):
+            await queued
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start"]
