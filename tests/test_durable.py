@@ -708,3 +708,31 @@ def test_sql_marker_rebuilt_from_its_quarantine_keeps_dropped_seqs(tmp_path):
     assert res.unmarked_quarantines == [rep.quarantine]
     [marker] = [dict(r) for r in store.repair("s1").appended if r["type"] == "log/truncated"]
     assert marker["quarantine"] == rep.quarantine and tuple(marker["dropped_seqs"]) == dropped
+
+
+def test_a_repair_stopped_after_any_prefix_of_its_plan_is_finished_by_the_next(tmp_path):
+    """What a crash between two of a large repair's batches leaves, at every split point
+    (not only batch boundaries): the next repair answers each call exactly once and
+    closes everything."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from sessions import answered_exactly_once, crashed_sessions
+
+    counter = iter(range(1 << 30))
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(events=crashed_sessions(), data=st.data())
+    def run(events, data):
+        store = open_jsonl(str(tmp_path / f"st{next(counter)}"))
+        store.create("s", events)
+        plan = store.repair("s", dry_run=True).appended
+        k = data.draw(st.integers(0, len(plan)))
+        if k:
+            store.append("s", [{key: value for key, value in r.to_dict().items() if key != "seq"}
+                               for r in plan[:k]])
+        store.repair("s")
+        records = list(store.read("s"))
+        assert answered_exactly_once(records) == []
+        assert store.scan("s").status == "clean"
+
+    run()
