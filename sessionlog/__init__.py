@@ -6,7 +6,7 @@ Open a store by URL and append events to sessions::
     store.create("s1")
     store.append("s1", [{"type": "turn/start", "turn": "t1"}])
 
-See DESIGN.md for the record format and the guarantees.
+See the README and docs/ for the record format and the guarantees.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .contract import (
 from .delivery import pending_deliveries
 from .extras import MissingExtra
 from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
-from .projection import check_pairing, project
+from .projection import UnknownFormat, check_pairing, project
 from .recovery import NotAwaitingApproval, OutsideStep, StepScope, ToolOutcome, dispatch_tools
 from .scan import Limits
 from .writer import WriteBehind
@@ -116,6 +116,7 @@ __all__ = [
     "SessionNotFound",
     "Status",
     "StoreClosed",
+    "UnknownFormat",
     "UnsupportedFormat",
     "NotAwaitingApproval",
     "OutsideStep",

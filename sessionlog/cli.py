@@ -5,7 +5,7 @@ JSON object per session per line (JSON Lines) for machines; notes, warnings and 
 to standard error. Progress (bytes done of total, rate, time left) is drawn on standard
 error only when it is a terminal; ``--quiet`` (``--no-progress``) turns it off.
 
-Exit codes (docs/cli.md): 0 clean (or done), 1 repairable, 2 usage, 3 needs --force,
+Exit codes (docs/cli.md): 0 clean, open or suspended (or done), 1 repairable, 2 usage, 3 needs --force,
 4 error (a TARGET or session that does not exist, however it is spelled; I/O; not a
 session log; unsupported format), 5 a writer holds the session. Over several sessions
 or targets the worst wins, in the order 4 > 5 > 3 > 1 > 0.
@@ -42,7 +42,7 @@ EXIT_NEEDS_FORCE, EXIT_ERROR, EXIT_LOCKED = exits.NEEDS_FORCE, exits.ERROR, exit
 worst = exits.worst
 
 EXIT_CODES_HELP = (
-    "exit codes: 0 clean/repaired/done, 1 repairable (or a pairing violation with show --check), "
+    "exit codes: 0 clean/open/suspended/repaired/done, 1 repairable (or a pairing violation with show --check), "
     "2 usage, 3 needs --force, 4 error (a target or session that does not exist, I/O, not a session "
     "log, unsupported format), 5 a writer holds the session; over several sessions the worst wins "
     "(4 > 5 > 3 > 1 > 0)"

@@ -333,3 +333,5 @@ def test_help_documents_the_exit_codes_of_every_command():
         assert r.returncode == 0 and "exit codes:" in r.stdout, command
     r = subprocess.run([sys.executable, "-m", "sessionlog", "--help"], capture_output=True, text=True)
     assert "4 error (a target or session that does not exist" in " ".join(r.stdout.split())
+    assert "0 clean/open/suspended" in " ".join(r.stdout.split())  # a suspended session exits 0
+    assert "suspended" in sessionlog.cli.__doc__.split("Exit codes")[1].split("1 repairable")[0]

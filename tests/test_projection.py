@@ -368,3 +368,4 @@ def test_unknown_format_is_a_sessionlog_error() -> None:
     with pytest.raises(sessionlog.SessionLogError):
         project([], "gemini")
     assert issubclass(UnknownFormat, ValueError)
+    assert sessionlog.UnknownFormat is UnknownFormat and "UnknownFormat" in sessionlog.__all__
