@@ -106,7 +106,10 @@ def resolve(text: str, *, session: str | None = None) -> list[StoreTarget]:
     Raises TargetNotFound (nothing there), InvalidStoreUrl (a malformed URL, a directory
     whose backend cannot be told, a file that is no store or log)."""
     if _is_url(text):
-        scheme_of(text)
+        scheme = scheme_of(text)
+        directory = text.partition(":")[2].removeprefix("//")
+        if scheme in FILE_SCHEMES.values() and session is None and os.path.isdir(directory):
+            return _directory(text, os.path.abspath(directory), session, scheme=scheme, url=text)
         return [StoreTarget(text, text, session=session)]
     path = os.path.abspath(text)
     if not os.path.lexists(path):
@@ -157,21 +160,26 @@ def _stem(name: str, scheme: str) -> str | None:
     return None
 
 
-def _directory(text: str, path: str, session: str | None) -> list[StoreTarget]:
+def _directory(text: str, path: str, session: str | None, *, scheme: str | None = None,
+               url: str | None = None) -> list[StoreTarget]:
+    """The targets of a store directory; ``scheme`` and ``url`` when a store URL named
+    it (otherwise the backend is told by the files' suffixes)."""
     try:
         names = os.listdir(path)
     except OSError as exc:
         raise InvalidStoreUrl(f"{text}: cannot list: {exc.strerror or exc}") from exc
-    found = {scheme for name in names if not name.startswith(".")
-             for suffix, scheme in FILE_SCHEMES.items() if name.endswith(suffix)
-             and not (suffix == ".jsonl" and name.endswith(".jsonl.zst"))}
-    if not found:
-        raise InvalidStoreUrl(f"{text}: holds no session logs; name the backend with a URL (jsonl:{text}, zstd:{text})")
-    if len(found) > 1:
-        raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
-    scheme = found.pop()
+    if scheme is None:
+        found = {scheme for name in names if not name.startswith(".")
+                 for suffix, scheme in FILE_SCHEMES.items() if name.endswith(suffix)
+                 and not (suffix == ".jsonl" and name.endswith(".jsonl.zst"))}
+        if not found:
+            raise InvalidStoreUrl(f"{text}: holds no session logs; name the backend with a URL (jsonl:{text}, zstd:{text})")
+        if len(found) > 1:
+            raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
+        scheme = found.pop()
     suffix = next(s for s, sch in FILE_SCHEMES.items() if sch == scheme)
-    url = f"{scheme}:{path}"
+    shown = text if url is None else path
+    url = url or f"{scheme}:{path}"
     if session is not None:
         return [StoreTarget(text, url, session=session)]
     renamed: list[StoreTarget] = []
@@ -183,7 +191,7 @@ def _directory(text: str, path: str, session: str | None) -> list[StoreTarget]:
         if header.session is not None and header.session != stem:
             renamed.append(StoreTarget(
                 text, url, session=header.session, file_name=name, path=os.path.join(path, name),
-                note=(f"{os.path.join(text, name)}: in a store the file name is the session id, but this "
+                note=(f"{os.path.join(shown, name)}: in a store the file name is the session id, but this "
                       f"file's header names {header.session!r}: inspected as {header.session!r}; rename it "
                       f"to {header.session}{suffix} or convert it"),
             ))

@@ -288,6 +288,28 @@ def test_in_a_store_the_name_matters_and_scan_says_so_without_refusing(tmp_path,
     assert code == 1 and "torn" in out
 
 
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_a_store_url_is_the_same_store_as_its_directory(tmp_path, scheme, capsys):
+    """``jsonl:DIR`` and ``DIR`` name one store: a file whose header disagrees with its
+    name is inspected under its header's id with a note either way, never refused."""
+    store = sessionlog.open_store(f"{scheme}:{tmp_path}")
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}])
+    store.create("s2")
+    store.close()
+    suffix = ".jsonl" if scheme == "jsonl" else ".jsonl.zst"
+    shutil.copy(tmp_path / f"s1{suffix}", tmp_path / f"renamed{suffix}")
+    by_path = run("scan", str(tmp_path), "--json")
+    capsys.readouterr()
+    code, out = run("scan", f"{scheme}:{tmp_path}", "--json")
+    def rows(text):
+        return sorted(json.dumps({k: v for k, v in r.items() if k != "note"}) for r in json_lines(text))
+    assert (code, rows(out)) == (by_path[0], rows(by_path[1]))
+    assert code == 1 and "renamed" not in {r["session"] for r in json_lines(out)}
+    assert "header names 's1'" in capsys.readouterr().err
+    code, out = run("repair", f"{scheme}:{tmp_path}", "--json")
+    assert code == 0 and all(r["status"] in ("clean", "repaired") for r in json_lines(out))
+
+
 def test_several_targets_and_globs(fixtures_copy):
     names = ["healthy", "torn", "mid-log"]
     code, out = run("scan", *(str(fixtures_copy / f"{n}.jsonl") for n in names), "--json")
