@@ -554,9 +554,12 @@ def plan_batches(
 
 
 def events_list(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``events`` as a list, refusing a lone mapping passed where a batch is expected."""
+    """``events`` as a list. Raises InvalidEvent for a lone mapping, or anything else that
+    is not an iterable of events, passed where a batch is expected."""
     if isinstance(events, Mapping):
         raise InvalidEvent("append takes a sequence of events, not a single mapping")
+    if not isinstance(events, Iterable):
+        raise InvalidEvent(f"append takes a sequence of events, not {type(events).__name__}")
     return list(events)
 
 

@@ -133,10 +133,18 @@ def test_invalid_events_refused_and_nothing_written(store, event):
     assert store.append("s1", [{"type": "fine"}]) == 2
 
 
-def test_single_mapping_is_not_a_batch(store):
+@pytest.mark.parametrize("batch", [{"type": "x"}, None, 5, "x"])
+def test_what_is_not_a_batch_is_invalid_event(store, batch):
+    """A single mapping, None or a number where a batch belongs: InvalidEvent (never a
+    TypeError), through every entry point that takes events, and nothing is written."""
     store.create("s1")
     with pytest.raises(InvalidEvent):
-        store.append("s1", {"type": "x"})
+        store.append("s1", batch)
+    with store.session("s1") as handle, pytest.raises(InvalidEvent):
+        handle.append(batch)
+    with pytest.raises(InvalidEvent):
+        store.create("s2", batch)
+    assert [r.seq for r in store.read("s1")] == [1] and "s2" not in store.sessions()
 
 
 def test_unknown_types_and_fields_round_trip_verbatim(store):
