@@ -7,6 +7,7 @@ starts writing the next record and is killed with SIGKILL half-way through it.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -46,9 +47,31 @@ _CHILD = textwrap.dedent(
 )
 
 
+class _Shown(io.TextIOBase):
+    """``out`` with the demo's temporary directory written as ``<demo>``: the demo never
+    prints a path into a directory it deletes (``--keep`` shows the real paths)."""
+
+    def __init__(self, out: TextIO, root: str) -> None:
+        self._out, self._root = out, root
+
+    def write(self, text: str) -> int:
+        self._out.write(text.replace(self._root, "<demo>"))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return self._out.isatty()
+
+
 def run_demo(out: TextIO, *, keep: bool = False) -> int:
-    """Run the demo in a temporary store; returns 0 when the repaired log is valid."""
+    """Run the demo in a temporary store; returns 0 when the repaired log is valid.
+    Without ``keep`` the store is removed at the end and its paths print as ``<demo>/...``."""
     root = tempfile.mkdtemp(prefix="sessionlog-demo-")
+    if not keep:
+        out = _Shown(out, root)  # type: ignore[assignment]
+        _say(out, "(the demo works in a temporary directory, <demo>, removed at the end; --keep keeps it)\n")
     store_dir = os.path.join(root, "store")
     url = f"jsonl:{store_dir}"
     env = dict(os.environ)
@@ -76,7 +99,7 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
             fields = {k: v for k, v in r.items() if k not in ("ts", "turn", "step")}
             if "output" in fields:
                 fields["output"] = fields["output"][:90] + "..."
-            _say(out, "   " + json.dumps(fields)[:200])
+            _say(out, "   " + json.dumps(fields))
         code = cli_main(["show", store_dir, "--session", "demo", "--format", "openai", "--check"], out) \
             if _has_projection() else 0
         _say(out, "\n5. sessionlog scan again")
