@@ -57,7 +57,10 @@ _BACKENDS: dict[str, str] = {
 
 
 def scheme_of(url: str) -> str:
-    """The backend scheme of a store URL (``postgresql+psycopg://`` is ``postgresql``)."""
+    """The backend scheme of a store URL (``postgresql+psycopg://`` is ``postgresql``).
+    Raises InvalidStoreUrl for anything that is not a URL string."""
+    if not isinstance(url, str):
+        raise InvalidStoreUrl(f"{url!r} is not a store URL: a URL is a string")
     head, sep, _ = url.partition(":")
     if not sep:
         raise InvalidStoreUrl(f"{url!r} is not a store URL (jsonl:DIR, zstd:DIR, sqlite:///FILE, "

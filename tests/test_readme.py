@@ -24,3 +24,13 @@ def test_embedded_use_runs_as_written(tmp_path):
     store = scope["store"]
     assert scope["rep"].status in ("clean", "repaired")
     assert store.scan("s1").status.value == "clean"
+
+
+def test_open_store_refuses_what_is_not_a_url_with_a_sessionlog_error():
+    """README: every error is a SessionLogError, also for a URL that is not a string."""
+    for url in (None, 5, b"jsonl:/tmp", "", "nothing"):
+        try:
+            sessionlog.open_store(url)  # type: ignore[arg-type]
+        except sessionlog.InvalidStoreUrl:
+            continue
+        raise AssertionError(f"open_store({url!r}) did not raise InvalidStoreUrl")
