@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -105,7 +106,11 @@ class Meter:
 
 
 @contextlib.contextmanager
-def progress(args: argparse.Namespace, label: str, total: int | None, *, unit: str = "bytes") -> Iterator[Meter]:
+def progress(args: argparse.Namespace, label: str, total: int | None, *, unit: str = "bytes",
+             by_reads: bool = False) -> Iterator[Meter]:
+    """A :class:`Meter` for ``total`` units of work (bytes unless ``unit`` says otherwise;
+    None: unknown). ``by_reads``: between two advances, follow the bytes the process reads
+    (a scan of one large log). Labelled "dry run:" when the command is a dry run."""
     if getattr(args, "quiet", False) or not sys.stderr.isatty():
         yield Meter(lambda n: None, lambda n: None)
         return
@@ -127,11 +132,45 @@ def progress(args: argparse.Namespace, label: str, total: int | None, *, unit: s
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), *counted,
                   TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
+        done = 0
+
+        def advance(n: int) -> None:
+            nonlocal done
+            done += n
+            bar.update(task, completed=max(done, bar.tasks[0].completed))
 
         def add_total(n: int) -> None:
             bar.update(task, total=(bar.tasks[0].total or 0) + n)
 
-        yield Meter(lambda n: bar.advance(task, n), add_total)
+        stop = threading.Event()
+        if by_reads and total:
+            # Within one large log the store reports nothing until it is done: show the
+            # bytes this process has read since (Linux /proc/self/io), never past the total.
+            start = _bytes_read()
+            if start is not None:
+                def follow() -> None:
+                    while not stop.wait(0.2):
+                        now = _bytes_read()
+                        if now is not None:
+                            bar.update(task, completed=max(done, min(total, now - start)))
+
+                threading.Thread(target=follow, daemon=True).start()
+        try:
+            yield Meter(advance, add_total)
+        finally:
+            stop.set()
+
+
+def _bytes_read() -> int | None:
+    """Bytes this process has read so far (``rchar`` of /proc/self/io), None elsewhere."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _session_bytes(store: EventStore, sid: str) -> int:
@@ -304,7 +343,7 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
     with store:
         ids = target.sessions(store)
         sizes = {sid: _session_bytes(store, sid) for sid in ids}
-        with progress(args, "scanning", sum(sizes.values()) or None) as meter:
+        with progress(args, "scanning", sum(sizes.values()) or None, by_reads=True) as meter:
             for sid in ids:
                 try:
                     row = scan_row(sid, store.scan(sid), None)
@@ -423,7 +462,7 @@ def cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
             with store:
                 ids = target.sessions(store)
                 sizes = {sid: _session_bytes(store, sid) for sid in ids}
-                with progress(args, "repairing", sum(sizes.values()) or None) as meter:
+                with progress(args, "repairing", sum(sizes.values()) or None, by_reads=True) as meter:
                     for sid in ids:
                         row, code = repair_row(target, sid, store, args)
                         codes.append(code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -357,3 +358,67 @@ def test_help_documents_the_exit_codes_of_every_command():
     assert "4 error (a target or session that does not exist" in " ".join(r.stdout.split())
     assert "0 clean/open/suspended" in " ".join(r.stdout.split())  # a suspended session exits 0
     assert "suspended" in sessionlog.cli.__doc__.split("Exit codes")[1].split("1 repairable")[0]
+
+
+def test_repair_dry_run_names_the_quarantine_as_the_pattern_the_real_run_fills(fixtures_copy):
+    path = str(fixtures_copy / "torn.jsonl")
+    code, out = run("repair", path, "--dry-run", "--json")
+    [dry] = json_lines(out)
+    assert code == 0 and dry["quarantine_is_pattern"] is True
+    assert dry["quarantine"] == path + ".2612.torn.<UTC stamp>-<random>.quarantine"
+    code, out = run("repair", path, "--dry-run")
+    assert "would quarantine 71 bytes in " + path + ".2612.torn.<UTC stamp>-<random>.quarantine" in out
+    assert "dry run: nothing written" in out
+    code, out = run("repair", path, "--json")
+    [real] = json_lines(out)
+    prefix, _, _ = dry["quarantine"].partition("<")
+    assert real["quarantine"].startswith(prefix) and os.path.exists(real["quarantine"])
+
+
+def test_tables_are_never_cut_or_wrapped_when_piped(tmp_path):
+    deep = tmp_path / ("a-very-long-directory-name-" * 6)
+    deep.mkdir()
+    shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), deep / "torn.jsonl")
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "repair", str(deep)], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0
+    [line] = [x for x in r.stdout.splitlines() if "quarantined" in x]
+    quarantine = line.split(" in ", 1)[1]
+    assert os.path.exists(quarantine) and len(line) > 200
+    assert r.stderr == ""
+
+
+def _on_a_terminal(*argv: str) -> tuple[int, bytes, bytes]:
+    """Run the command with standard error on a pseudo-terminal: (exit, stdout, stderr)."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "sessionlog", *argv], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    out = p.stdout.read()
+    p.wait()
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    return p.returncode, out, err
+
+
+def test_progress_only_on_a_terminal_in_bytes_and_off_when_quiet(fixtures_copy):
+    size = os.path.getsize(fixtures_copy / "torn.jsonl")
+    code, out, err = _on_a_terminal("scan", str(fixtures_copy / "torn.jsonl"))
+    assert code == 1 and b"torn" in out
+    assert b"scanning" in err and f"/{size / 1000:.1f} kB".encode() in err
+    code, out, err = _on_a_terminal("repair", "--dry-run", str(fixtures_copy / "torn.jsonl"))
+    assert code == 0 and b"dry run: repairing" in err
+    for flag in ("--quiet", "--no-progress"):
+        code, out, err = _on_a_terminal("scan", flag, str(fixtures_copy / "torn.jsonl"))
+        assert code == 1 and err == b""
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "scan", str(fixtures_copy)], capture_output=True)
+    assert r.stderr == b""  # not a terminal: no progress
