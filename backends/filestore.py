@@ -64,7 +64,7 @@ from sessionlog.writer import WriteBehind
 
 READ_CHUNK = 1 << 20
 _READ_RESTARTS = 3  # a reader starts over this often when the file moves under it
-# Where fsync/fdatasync (or F_FULLFSYNC) and flock give the guarantees DESIGN.md states.
+# Where fsync/fdatasync (or F_FULLFSYNC) and flock give the guarantees docs/backends.md states.
 _DURABLE_PLATFORMS = ("linux", "darwin")
 
 

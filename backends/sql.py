@@ -33,7 +33,7 @@ connection is alive) and fails with AppendFailed, writing nothing. On SQLite the
 connection that cannot be made (server down, too many clients, bad credentials) is
 IOFailure naming the URL with its password hidden.
 
-Guarantees (DESIGN.md section 4):
+Guarantees (docs/backends.md):
 
 - An append is one transaction: lock the session (SQLite ``BEGIN IMMEDIATE``, PostgreSQL
   ``SELECT ... FOR UPDATE`` on its row), read the tail, check ``expect_seq``, insert every
@@ -146,7 +146,7 @@ _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 def decode_row(raw: bytes) -> Record:
     """A stored row's bytes as a record, by the same rules as one line of a JSONL log: it
-    must decode (DESIGN.md section 2) and hold no newline byte (a bare CR is JSON
+    must decode (docs/format.md) and hold no newline byte (a bare CR is JSON
     whitespace inside a line, as it is in a JSONL file). Raises RecordError."""
     if b"\n" in raw:
         raise RecordError("spans lines (holds a newline byte)")

@@ -1,4 +1,4 @@
-"""What differs between SQLite and PostgreSQL under the SQL backend (DESIGN.md section 4).
+"""What differs between SQLite and PostgreSQL under the SQL backend (docs/backends.md).
 
 For each database engine: how a connection is made durable (or refused), how a write
 transaction begins, who owns a session (a ``flock`` beside the SQLite file, a PostgreSQL

@@ -1,4 +1,4 @@
-"""The SQL backend's tables and their schema version (DESIGN.md section 4).
+"""The SQL backend's tables and their schema version (docs/backends.md).
 
 Pinned by the design: tables prefixed ``sessionlog_``; one row per record holding its
 exact bytes; primary key ``(session_id, seq)``. The rest is this backend's own:

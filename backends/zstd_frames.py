@@ -309,7 +309,7 @@ class FrameScan:
     frame verified); afterwards ``stable_offset``, ``last_seq``, ``last_ts``, ``count``,
     ``damage`` describe it, ``skipped_frames`` counts skippable frames in the prefix.
 
-    The tail after the prefix is classified by DESIGN.md section 3, a frame being the
+    The tail after the prefix is classified by the damage table (docs/damage.md), a frame being the
     unit: an EOF-interrupted frame is ``torn`` (``in-flight`` when ``owned``); a frame
     that fails decompression or its checksum, or whose content is not whole records, is
     ``corrupt`` — ``mid-log`` when verified frames with decodable records follow it; a

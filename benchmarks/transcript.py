@@ -3,7 +3,7 @@
 Benchmarks need logs that look like what agent runtimes write — not one event repeated —
 because compression ratio and scan speed depend on it. Given a seed, :func:`events`
 yields the same stream of session events every time (``random.Random(seed)``, no other
-source of randomness), in the core vocabulary of DESIGN.md section 2:
+source of randomness), in the core vocabulary of docs/format.md:
 
 ``turn/start``, ``user/message``, then per step ``step/start``, ``assistant/message``
 (``content`` text or null, ``tool_calls`` with JSON-object ``arguments``), for each call a

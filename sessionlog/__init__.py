@@ -6,7 +6,8 @@ Open a store by URL and append events to sessions::
     store.create("s1")
     store.append("s1", [{"type": "turn/start", "turn": "t1"}])
 
-See the README and docs/ for the record format and the guarantees.
+The record format and vocabulary are in docs/format.md, the guarantees per backend in
+docs/backends.md, the runtime API in docs/runtime.md (docs/ ships with the project).
 """
 
 from __future__ import annotations

@@ -364,7 +364,7 @@ _STYLES = {"clean": "green", "open": "cyan", "suspended": "cyan", "repairable": 
            "unsupported": "magenta", "error": "red", "repaired": "green", "refused": "red",
            "would repair": "yellow", "converted": "green", "exists": "yellow", "skipped": "green",
            "compacted": "green", "unchanged": "green", "locked": "red", "restored": "green",
-           "salvaged": "yellow"}
+           "salvaged": "yellow", "nothing": "green"}
 
 
 def _styled(status: str) -> str:
@@ -396,6 +396,9 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
     for row in rows:
         if "error" in row and row["session"] is not None:
             note(f"{row['session']}: {row['error']}")
+            if "decompress" in row["error"]:
+                note(f"{row['session']}: `sessionlog salvage {row['path']} DST` keeps every record that still "
+                     "decodes")
 
 
 # --- repair ------------------------------------------------------------------------------
@@ -561,13 +564,31 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) ->
         for item in _json_lines_of(document):
             emit_json(out, item)
     else:
-        out.write(json.dumps(document, ensure_ascii=False, indent=2) + "\n")
+        write_pretty(out, document)
+    del document
     if args.check:
         violation = projection.check_pairing(view.items, args.format)
         if violation is not None:
             note(f"pairing violation: {violation.message}")
             return EXIT_REPAIRABLE
     return EXIT_OK
+
+
+def write_pretty(out: TextIO, document: dict[str, Any]) -> None:
+    """``json.dumps(document, ensure_ascii=False, indent=2)`` and a newline, written one
+    list item at a time (the same bytes without holding the whole text of a large view)."""
+    out.write("{")
+    for n, (key, value) in enumerate(document.items()):
+        out.write(("," if n else "") + "\n  " + json.dumps(key) + ": ")
+        if not isinstance(value, list) or not value:
+            out.write(json.dumps(value, ensure_ascii=False, indent=2).replace("\n", "\n  "))
+            continue
+        out.write("[")
+        for i, item in enumerate(value):
+            text = json.dumps(item, ensure_ascii=False, indent=2).replace("\n", "\n    ")
+            out.write(("," if i else "") + "\n    " + text)
+        out.write("\n  ]")
+    out.write("\n}\n" if document else "}\n")
 
 
 def _json_lines_of(document: dict[str, Any]) -> Iterator[Any]:
@@ -659,6 +680,73 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
         _print_result_table(rows, out, ("session", "status", "frames_before", "frames_after",
                                         "bytes_before", "bytes_after", "reason"))
     return worst(codes)
+
+
+def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
+    from .restore import RestoreRefused, restore
+
+    rows: list[dict[str, Any]] = []
+    codes: list[int] = []
+    with contextlib.ExitStack() as stack:
+        for target in _targets(args, stack, stdin=False, foreign=False):
+            if isinstance(target, Missing):
+                note(f"sessionlog: {target.error}")
+                codes.append(EXIT_ERROR)
+                continue
+            store = _open(target, args, out, codes, writing=not args.dry_run)
+            if store is None:
+                continue
+            with store:
+                for sid in target.sessions(store):
+                    try:
+                        row = restore(store, sid, dry_run=args.dry_run).to_json()
+                        code = EXIT_OK if row["status"] != "refused" else EXIT_ERROR
+                    except RestoreRefused as exc:
+                        raise UsageError(str(exc)) from exc
+                    except SessionLocked as exc:
+                        row, code = {"session": sid, "status": "locked", "reason": str(exc)}, EXIT_LOCKED
+                    except SessionLogError as exc:
+                        row, code = {"session": sid, "status": "error", "reason": str(exc)}, EXIT_ERROR
+                    if args.dry_run:
+                        row["dry_run"] = True
+                    codes.append(code)
+                    rows.append(row) if not args.json else emit_json(out, row)
+    if not args.json:
+        _print_result_table(rows, out, ("session", "status", "offset", "restored_bytes", "removed_records",
+                                        "reason"))
+        for row in rows:
+            if row.get("status") == "restored":
+                verb = "would put back" if args.dry_run else "put back"
+                console(out).print(f"{row['session']}: {verb} the bytes of {row['quarantine']}",
+                                   markup=False, soft_wrap=True)
+    return worst(codes)
+
+
+def cmd_salvage(args: argparse.Namespace, out: TextIO) -> int:
+    from .salvage import salvage
+    from .targets import destination
+
+    if not os.path.isfile(args.source):
+        raise TargetNotFound(f"{args.source}: no such log file")
+    dst_url, named = destination(args.dst)
+    report = salvage(args.source, dst_url)
+    if named is not None and named != report.session:
+        note(f"note: the session is {report.session!r} (its header's id), not {named!r}")
+    row = report.to_json()
+    if args.json:
+        emit_json(out, row)
+    else:
+        lost = f", {report.gaps} gap(s) marked log/truncated and the records after them re-sequenced" \
+            if report.gaps else ""
+        console(out).print(f"{report.session}: kept {report.kept} records ({report.copied} byte for byte{lost}), "
+                           f"left out {report.dropped} that did not continue the seq; unreadable regions at "
+                           f"offsets {report.damaged_regions or 'none'}; written to {dst_url}",
+                           markup=False, soft_wrap=True)
+        if report.unverified:
+            first, last = report.unverified_range()  # type: ignore[misc]
+            note(f"warning: records {first}..{last} come from a frame that failed its checksum: they decode, "
+                 "but a flipped byte may have altered them; check them before trusting them")
+    return EXIT_OK
 
 
 def _print_result_table(rows: list[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> None:
@@ -768,6 +856,25 @@ def build_parser() -> argparse.ArgumentParser:
                 "frames), 3 damaged and needs repair --force, 4 error, 5 a writer holds the session")
     p.add_argument("--json", action="store_true", help="one JSON object per session per line")
     p.set_defaults(func=cmd_compact)
+
+    p = command("restore", "undo the latest repair: put the quarantined bytes back into the log",
+                "exit codes: 0 restored (or nothing to restore), 2 usage (not a file store), 4 error or "
+                "refused (it cannot be done without loss: nothing changed), 5 a writer holds the session")
+    p.add_argument("--dry-run", action="store_true", help="check that it can be done; write nothing")
+    p.add_argument("--json", action="store_true", help="one JSON object per session per line")
+    p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser(
+        "salvage", help="rebuild a damaged log's session in a new store from every record that still decodes",
+        description="Read a damaged log file as far as it goes (JSONL lines; Zstd frames up to where they "
+        "fail, then the next frame) and write every record that still decodes to a new session in DST. "
+        "The source is never written.",
+        epilog="exit codes: 0 salvaged, 2 usage, 4 error (no such file, no header decodes, DST already has "
+        "the session, I/O)")
+    p.add_argument("source", metavar="LOG", help="the damaged log file")
+    p.add_argument("dst", metavar="DST", help="a store URL or directory (a new session is created there)")
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.set_defaults(func=cmd_salvage)
 
     p = sub.add_parser("bench", help="durable append throughput against the device ceiling", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -98,7 +98,7 @@ class StoreClosed(SessionLogError):
 
 
 class DamageKind(enum.StrEnum):
-    """What the tail after the durable prefix is (DESIGN.md section 3)."""
+    """What the tail after the durable prefix is (docs/damage.md)."""
 
     TORN = "torn"
     ZERO_FILL = "zero-fill"
@@ -449,7 +449,7 @@ class SessionHandle(Protocol):
 
 @runtime_checkable
 class EventStore(Protocol):
-    """What every backend provides. See DESIGN.md sections 3 and 4 for the guarantees."""
+    """What every backend provides. See docs/damage.md and docs/backends.md for the guarantees."""
 
     url: str
     atomic_batches: bool

@@ -22,7 +22,7 @@ import msgspec
 FORMAT: Final = "sessionlog/1"
 """The value of ``format`` in the ``session/start`` header this version writes and reads."""
 
-# Core event types (DESIGN.md section 2).
+# Core event types (docs/format.md).
 SESSION_START: Final = "session/start"
 TURN_START: Final = "turn/start"
 TURN_END: Final = "turn/end"
@@ -56,7 +56,7 @@ SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def valid_session_id(session: object) -> bool:
-    """True when ``session`` is a string a session may be named by (DESIGN.md section 2)."""
+    """True when ``session`` is a string a session may be named by (docs/format.md)."""
     return (
         isinstance(session, str)
         and SESSION_ID.fullmatch(session) is not None

@@ -1,4 +1,4 @@
-"""The command line's exit codes (DESIGN.md section 7) and how several combine."""
+"""The command line's exit codes (docs/cli.md) and how several combine."""
 
 from __future__ import annotations
 

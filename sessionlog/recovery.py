@@ -31,9 +31,9 @@ Sync and asyncio: ``with StepScope(...)`` / ``scope.append(events)``, or
 runs in a worker thread through :func:`asyncio.to_thread`. Async appends are serialized
 and run to completion even when the awaiting task is cancelled, so the scope's view of
 the log is never behind what was committed. :func:`dispatch_tools` runs an assistant
-message's calls in parallel under the scope with the quiescence rule of DESIGN.md
-section 5: after a failure it starts no new call and waits for the started ones before
-recovery runs.
+message's calls in parallel under the scope with the quiescence rule (docs/runtime.md):
+after a failure it starts no new call and waits for the started ones before recovery
+runs.
 """
 
 from __future__ import annotations

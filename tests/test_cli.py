@@ -422,3 +422,15 @@ def test_progress_only_on_a_terminal_in_bytes_and_off_when_quiet(fixtures_copy):
         assert code == 1 and err == b""
     r = subprocess.run([sys.executable, "-m", "sessionlog", "scan", str(fixtures_copy)], capture_output=True)
     assert r.stderr == b""  # not a terminal: no progress
+
+
+@pytest.mark.parametrize("document", [
+    {"messages": []}, {"system": "be\nbrief", "messages": [{"a": [1, {"b": "é"}]}, {"c": None}]},
+    {"input": [{"x": {}}, [], "s"]}, {},
+])
+def test_show_writes_the_same_bytes_as_json_dumps_one_item_at_a_time(document):
+    from sessionlog.cli import write_pretty
+
+    out = io.StringIO()
+    write_pretty(out, document)
+    assert out.getvalue() == json.dumps(document, ensure_ascii=False, indent=2) + "\n"

@@ -221,3 +221,71 @@ def test_jsonl_to_sqlite_to_zstd_to_jsonl(tmp_path):
         assert exit_code(convert(db, f"zstd:{tmp_path / 'z'}")) == 0
         assert exit_code(convert(f"zstd:{tmp_path / 'z'}", f"jsonl:{tmp_path / 'b'}")) == 0
     assert (tmp_path / "b" / "s.jsonl").read_bytes() == (tmp_path / "a" / "s.jsonl").read_bytes()
+
+
+def test_convert_into_zstd_writes_frames_of_at_most_one_mib(tmp_path):
+    import zstandard
+
+    store = sessionlog.open_store(f"jsonl:{tmp_path / 'a'}")
+    store.create("big")
+    for i in range(60):
+        store.append("big", [{"type": "user/message", "turn": "t", "content": f"{i} " + "z" * 1000}] * 64)
+    assert exit_code(convert(f"jsonl:{tmp_path / 'a'}", f"zstd:{tmp_path / 'z'}")) == 0
+    data = (tmp_path / "z" / "big.jsonl.zst").read_bytes()
+    sizes = []
+    while data:
+        obj = zstandard.ZstdDecompressor().decompressobj()
+        sizes.append(len(obj.decompress(data)))
+        data = obj.unused_data
+    assert len(sizes) >= 4 and max(sizes) <= 1 << 20  # one bad frame never takes the whole session
+    assert sum(sizes) == (tmp_path / "a" / "big.jsonl").stat().st_size
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    import io
+
+    from sessionlog.cli import main
+
+    out = io.StringIO()
+    return main(list(args), out), out.getvalue()
+
+
+def test_convert_cli_rerun_skips_identical_refuses_different_and_forces_in_the_copy(tmp_path):
+    import json
+    import shutil
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("healthy", "torn", "mid-log"):
+        shutil.copy(fixtures / f"{name}.jsonl", src / f"{name}.jsonl")
+    before = snapshot(src)
+    dst = f"zstd:{tmp_path / 'dst'}"
+    code, out = _cli("convert", str(src), dst, "--json")
+    rows = {r["session"]: r for r in map(json.loads, out.splitlines())}
+    assert code == 3 and rows["healthy"]["status"] == "converted"
+    assert rows["torn"]["status"] == "refused" and "--repaired" in rows["torn"]["reason"]
+    assert rows["mid-log"]["status"] == "refused" and "--repaired --force" in rows["mid-log"]["reason"]
+    # a rerun: what arrived identical is skipped, not an error
+    code, out = _cli("convert", str(src), dst, "--json", "--repaired")
+    rows = {r["session"]: r for r in map(json.loads, out.splitlines())}
+    assert rows["healthy"]["status"] == "skipped" and rows["torn"]["status"] == "converted"
+    assert rows["mid-log"]["status"] == "refused" and code == 3
+    code, out = _cli("convert", str(src), dst, "--json", "--repaired", "--force")
+    rows = {r["session"]: r for r in map(json.loads, out.splitlines())}
+    assert code == 0 and {r["status"] for r in rows.values()} == {"skipped", "converted"}
+    assert rows["mid-log"]["status"] == "converted"
+    assert snapshot(src) == before  # SRC never written
+    copied = list(sessionlog.open_store(dst).read("mid-log"))
+    [marker] = [r for r in copied if r["type"] == "log/truncated"]
+    assert marker["quarantine"] is None and marker["source"] == str(src / "mid-log.jsonl")
+    assert sessionlog.open_store(dst).scan("mid-log").status == "clean"
+    # a different session of that id in DST: left untouched, exit 4
+    other = tmp_path / "other"
+    other.mkdir()
+    sessionlog.open_store(f"jsonl:{other}").create("healthy")
+    code, out = _cli("convert", str(other), dst, "--json")
+    assert code == 4 and json.loads(out)["status"] == "exists"
+    # a table without --json
+    code, out = _cli("convert", str(src / "healthy.jsonl"), dst)
+    assert code == 0 and "skipped" in out and not out.lstrip().startswith("{")

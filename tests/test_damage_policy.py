@@ -1,4 +1,4 @@
-"""The damage table (DESIGN.md section 3), as code: kinds, classification, repair policy."""
+"""The damage table (docs/damage.md), as code: kinds, classification, repair policy."""
 
 from __future__ import annotations
 

@@ -1,0 +1,173 @@
+"""Undo a repair: put a session's quarantined bytes back where the repair cut them.
+
+A repair publishes the tail it cuts as a quarantine file, truncates the log at the
+stable offset and appends its ``log/truncated`` marker and synthetic records there. The
+log before the repair is therefore the repaired log's first ``offset`` bytes followed by
+the quarantine's bytes. :func:`restore` rebuilds exactly that, for the latest repair of a
+file-store session (JSONL or Zstd), and refuses whenever it cannot be done without loss.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .contract import IOFailure, SessionLogError
+from .durable import O_NOFOLLOW, fsync_dir, publish_replace
+from .events import LOG_TRUNCATED
+
+CHUNK = 1 << 20
+
+
+class RestoreRefused(SessionLogError):
+    """The quarantined bytes cannot be put back without losing something (records were
+    appended after the repair, the quarantine is missing, the prefix is not what the
+    repair left): nothing was changed."""
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    """What ``restore`` did to one session: ``status`` "restored" (the log is again what
+    it was before its latest repair; the quarantine file was renamed ``*.restored``),
+    "nothing" (no repair of this session quarantined anything) or "refused" (``reason``;
+    nothing changed). ``restored_bytes`` is the quarantine's length, ``removed_records``
+    the repair's own records taken out."""
+
+    session: str
+    path: str | None
+    status: str
+    reason: str | None = None
+    quarantine: str | None = None
+    offset: int | None = None
+    restored_bytes: int = 0
+    removed_records: int = 0
+
+    @property
+    def exit_code(self) -> int:
+        return {"restored": 0, "nothing": 0, "locked": 5}.get(self.status, 4)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"session": self.session, "path": self.path, "status": self.status, "reason": self.reason,
+                "quarantine": self.quarantine, "offset": self.offset, "restored_bytes": self.restored_bytes,
+                "removed_records": self.removed_records}
+
+
+def restore(store: Any, session_id: str, *, dry_run: bool = False) -> RestoreReport:
+    """Restore ``session_id`` of a file store to what it was before its latest repair.
+
+    Under the session's lock (SessionLocked while a writer owns it). Refuses, changing
+    nothing, unless every record from the repair's ``log/truncated`` marker to the end is
+    one the repair wrote (``synthetic``) and the log before the marker is exactly the
+    durable prefix the repair cut at. The new log is published atomically (temp file,
+    fsync, rename, directory fsync); then the quarantine is renamed ``<name>.restored``
+    (a crash in between leaves a log whose damaged tail and quarantine the next repair
+    recognizes). ``dry_run`` checks everything and writes nothing. Raises RestoreRefused
+    for a store that is not a file store, IOFailure."""
+    if not hasattr(store, "framing"):
+        raise RestoreRefused(f"{store.url}: restore works on file stores (jsonl:, zstd:); on SQL stores "
+                             "the quarantined rows are in the sessionlog_quarantine table")
+    lock = store.take_lock(session_id, 0.0)
+    try:
+        return _restore_locked(store, session_id, dry_run)
+    finally:
+        lock.release()
+
+
+def _restore_locked(store: Any, sid: str, dry_run: bool) -> RestoreReport:
+    path = store.path_of(sid)
+    report = RestoreReport(sid, path, "nothing")
+    marker = None
+    after = 0
+    unsynthetic = None
+    for record in store.read(sid):
+        if record.type == LOG_TRUNCATED and isinstance(record.get("quarantine"), str):
+            marker, after, unsynthetic = record, 0, None
+        elif marker is not None:
+            after += 1
+            if record.get("synthetic") is not True and unsynthetic is None:
+                unsynthetic = record
+    if marker is None:
+        report.reason = "no repair of this session quarantined anything"
+        return report
+    name = marker["quarantine"]
+    report.quarantine = os.path.join(store.directory, name)
+    report.offset = offset = marker["offset"]
+    report.removed_records = after + 1
+    if unsynthetic is not None:
+        return _refused(report, f"record {unsynthetic.seq} ({unsynthetic.type}) was appended after the repair "
+                        f"that cut at offset {offset}: restoring would lose it")
+    fs = store.fs
+    try:
+        q_fd = fs.open(report.quarantine, os.O_RDONLY | O_NOFOLLOW)
+    except FileNotFoundError:
+        return _refused(report, f"the quarantine {name} named by the repair's marker (seq {marker.seq}) is gone")
+    except OSError as exc:
+        raise IOFailure(f"{report.quarantine}: cannot read the quarantine: {exc.strerror or exc}") from exc
+    fd = store.open_read(sid)
+    try:
+        st = fs.fstat(fd)
+        q_size = fs.fstat(q_fd).st_size
+        if q_size != marker.get("dropped_bytes", q_size):
+            return _refused(report, f"the quarantine holds {q_size} bytes, the marker says "
+                            f"{marker['dropped_bytes']}")
+        scanner = store.framing.scan(_bounded(fs, fd, offset), session_id=sid, where=path,
+                                     limits=store.limits, owned=False)
+        for _ in scanner:
+            pass
+        if scanner.damage is not None or scanner.stable_offset != offset or scanner.last_seq != marker.seq - 1:
+            return _refused(report, f"the log's first {offset} bytes are not the prefix the repair left "
+                            f"(records 1..{marker.seq - 1})")
+        report.restored_bytes = q_size
+        if dry_run:
+            report.status = "restored"
+            return report
+        try:
+            publish_replace(fs, store.directory, os.path.basename(path),
+                            _content(fs, fd, offset, q_fd), expect=st)
+        except FileExistsError:
+            return _refused(report, "the log changed while it was being restored")
+        # The log holds the quarantined bytes again: the quarantine is no longer a cut tail.
+        fs.rename(report.quarantine, report.quarantine + ".restored")
+        fsync_dir(fs, store.directory)
+    except OSError as exc:
+        raise IOFailure(f"{path}: restore failed: {exc.strerror or exc}") from exc
+    finally:
+        fs.close(fd)
+        fs.close(q_fd)
+    store._tails.pop(sid, None)  # the remembered tail of this log is gone
+    report.status = "restored"
+    report.quarantine += ".restored"
+    return report
+
+
+def _refused(report: RestoreReport, reason: str) -> RestoreReport:
+    report.status, report.reason = "refused", reason
+    return report
+
+
+def _bounded(fs: Any, fd: int, size: int) -> Callable[[int], bytes]:
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        data = fs.pread(fd, min(n, size - pos), pos) if pos < size else b""
+        pos += len(data)
+        return data
+
+    return read
+
+
+def _content(fs: Any, fd: int, offset: int, q_fd: int) -> Iterator[bytes]:
+    pos = 0
+    while pos < offset:
+        chunk = fs.pread(fd, min(CHUNK, offset - pos), pos)
+        if not chunk:
+            raise IOFailure(f"the log ends before offset {offset}")
+        pos += len(chunk)
+        yield chunk
+    pos = 0
+    while chunk := fs.pread(q_fd, CHUNK, pos):
+        pos += len(chunk)
+        yield chunk
