@@ -358,8 +358,13 @@ def check_pairing(
       starts with one ``tool_result`` per ``tool_use`` and holds no other; a
       ``tool_result`` anywhere else is a violation.
 
+    An item that is not a JSON object is a violation in every format.
+
     Raises :class:`UnknownFormat` for an unknown ``fmt``."""
     _check_format(fmt)
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            return Violation(None, index, f"item {index} is not an object ({type(item).__name__})")
     if fmt == "openai":
         return _check_openai(items)
     if fmt == "responses":

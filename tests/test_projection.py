@@ -369,3 +369,13 @@ def test_unknown_format_is_a_sessionlog_error() -> None:
         project([], "gemini")
     assert issubclass(UnknownFormat, ValueError)
     assert sessionlog.UnknownFormat is UnknownFormat and "UnknownFormat" in sessionlog.__all__
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_check_pairing_rejects_an_item_that_is_not_an_object(fmt):
+    """Every provider rejects a request whose items are not JSON objects."""
+    for junk in (5, None, "user: hi", ["role", "user"]):
+        violation = check_pairing([junk], fmt)
+        assert violation is not None and violation.index == 0 and "not an object" in violation.message
+    good = project([], fmt).items
+    assert check_pairing([*good, 7], fmt).index == len(good)
