@@ -137,7 +137,8 @@ class Deliveries:
 
 def _split(records: Iterable[Mapping[str, Any]], sink: list[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
     for record in records:
-        type_ = record.type if isinstance(record, Record) else record["type"]
+        # pair_calls refuses a record without its envelope (InvalidEvent) as it reads it.
+        type_ = record.type if isinstance(record, Record) else record.get("type") if isinstance(record, Mapping) else None
         if type_ in (LLM_REQUEST, LLM_RESPONSE):
             sink.append(record)
         yield record

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .contract import InvalidEvent
 from .events import (
     ASSISTANT_MESSAGE,
     LOG_TRUNCATED,
@@ -545,17 +546,22 @@ class Pairing:
         return None
 
 
-def _envelope(record: Mapping[str, Any]) -> tuple[str, int, float]:
+def _envelope(record: Mapping[str, Any], index: int) -> tuple[str, int, float]:
+    """A record's type, seq and ts. Raises InvalidEvent for anything without them."""
     if isinstance(record, Record):
         return record.type, record.seq, record.ts
-    return record["type"], record["seq"], record["ts"]
+    try:
+        return record["type"], record["seq"], record["ts"]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise InvalidEvent(f"record {index} is not a session record (a mapping with 'type', 'seq' and "
+                           f"'ts'): {str(record)[:80]}") from exc
 
 
 def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
     """Pair every call of every ``assistant/message`` in ``records`` with one result.
 
     Pure and total: any sequence of records (committed :class:`Record` objects or dicts
-    with ``seq``, ``ts`` and ``type``) gives a pairing. A result answers the call the
+    with ``seq``, ``ts`` and ``type``) gives a pairing; anything else raises InvalidEvent. A result answers the call the
     :class:`PendingCalls` tracker says it answers (wherever that call is: a result written
     at the end of the log by repair pairs with a call of an earlier turn). A result for a
     call already answered is a duplicate, one for no requested call an orphan: both are
@@ -572,8 +578,8 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
     latest_by_id: dict[str, PairedCall] = {}
     exchanges: dict[int, Exchange] = {}
 
-    for record in records:
-        type_, seq, _ = _envelope(record)
+    for index, record in enumerate(records):
+        type_, seq, _ = _envelope(record, index)
         if type_ == TOOL_RESULT:
             call = tracker.feed(record)
             call_id = record.get("call_id")

@@ -555,3 +555,20 @@ def test_through_a_store_repair_leaves_a_clean_or_suspended_session(events) -> N
     assert closure_problems(records) == []
     for fmt in FORMATS:
         assert check_pairing(project(records, fmt).items, fmt) is None
+
+
+def test_a_record_without_its_envelope_is_invalid_event_not_a_key_error():
+    """pair_calls (and every view over it) takes records with ``type``, ``seq`` and ``ts``;
+    anything else is refused with a SessionLogError naming what is missing."""
+    import pytest
+
+    import sessionlog
+
+    for bad in ([{"type": "user/message"}], [{"seq": 1, "type": "x"}], [5], [{"seq": 1, "ts": 1.0}]):
+        with pytest.raises(sessionlog.InvalidEvent, match="record 0"):
+            pair_calls(bad)
+        for fmt in ("openai", "responses", "anthropic"):
+            with pytest.raises(sessionlog.InvalidEvent):
+                sessionlog.project(bad, fmt)
+        with pytest.raises(sessionlog.InvalidEvent):
+            sessionlog.pending_deliveries(bad)
