@@ -87,13 +87,24 @@ def console(out: TextIO) -> Any:
                    force_terminal=False if width is None else None, no_color=width is None)
 
 
+# Files that stand for something else in what is printed: standard input spooled to a
+# temporary file (removed when the command returns) is shown as "-".
+_SHOWN_AS: dict[str, str] = {}
+
+
+def _shown(text: str) -> str:
+    for path, shown in _SHOWN_AS.items():
+        text = text.replace(path, shown)
+    return text
+
+
 def note(text: str) -> None:
     """A note, warning or error line for people: standard error."""
-    print(text, file=sys.stderr)
+    print(_shown(text), file=sys.stderr)
 
 
 def emit_json(out: TextIO, row: dict[str, Any]) -> None:
-    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    out.write(_shown(json.dumps(row, ensure_ascii=False)) + "\n")
 
 
 @dataclass(slots=True)
@@ -211,6 +222,7 @@ def _targets(args: argparse.Namespace, stack: contextlib.ExitStack, *, stdin: bo
             if not stdin:
                 raise UsageError(f"{args.command} does not read standard input (-): name a file")
             path = stack.enter_context(stdin_log())
+            _SHOWN_AS[path] = STDIN
             shown = STDIN
         if foreign:
             claimed = _foreign_claim(path, getattr(args, "input_format", None))

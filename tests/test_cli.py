@@ -342,6 +342,18 @@ def test_standard_input_for_scan_and_show(tmp_path):
     assert r.returncode == 2 and b"standard input" in r.stderr
 
 
+@pytest.mark.parametrize("data", [b"", b"garbage", b"\x00" * 10])
+def test_standard_input_errors_name_standard_input_not_a_deleted_spool(data):
+    """What is wrong with standard input is said of ``-``: never of the temporary file it
+    was spooled to, which is gone when the command returns."""
+    cmd = [sys.executable, "-m", "sessionlog"]
+    for args in (["scan", "-"], ["scan", "-", "--json"], ["show", "-"]):
+        r = subprocess.run(cmd + args, input=data, capture_output=True, text=False)
+        assert r.returncode == 4, (args, r.stderr)
+        assert b"sessionlog-stdin-" not in r.stdout + r.stderr, (args, r.stdout, r.stderr)
+        assert b"-: " in r.stdout + r.stderr, (args, r.stdout, r.stderr)
+
+
 def test_version_and_python_m(fixtures_copy):
     r = subprocess.run([sys.executable, "-m", "sessionlog", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == f"sessionlog {sessionlog.__version__}"
