@@ -35,7 +35,7 @@ LOCK_POLL = 0.005
 
 
 class NotARegularFile(OSError):
-    """A FIFO, device, socket or directory where a session, lock or quarantine file
+    """A FIFO, device, socket, directory or symbolic link where a session, lock or quarantine file
     belongs: refused at open, before any byte is read (reading a FIFO would hang)."""
 
 
@@ -49,7 +49,12 @@ class FileSystem:
         refused with :class:`NotARegularFile` naming the path before it is read."""
         if flags & O_DIRECTORY:
             return os.open(path, flags | O_CLOEXEC, mode)
-        fd = os.open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode)
+        try:
+            fd = os.open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and os.path.islink(path):
+                raise NotARegularFile(errno.ELOOP, "a symbolic link (never opened through a link)", path) from exc
+            raise
         try:
             kind = stat.S_IFMT(os.fstat(fd).st_mode)
         except BaseException:

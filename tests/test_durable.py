@@ -573,6 +573,29 @@ def test_a_fifo_planted_at_a_session_or_lock_path_is_refused_without_hanging(tmp
     assert os.path.exists(path) and not os.path.isfile(path)  # nothing replaced it
 
 
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+@pytest.mark.parametrize("where", ["log", "lock"])
+def test_a_symlink_at_a_session_or_lock_path_is_refused_saying_so(tmp_path, scheme, where):
+    """Never through a link: the error says it is a symbolic link (not ELOOP's 'too many
+    levels of symbolic links'), and the link's target is never touched."""
+    store = sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}")
+    store.create("s")
+    path = store.path_of("s") if where == "log" else store.lock_path_of("s")
+    target = tmp_path / "elsewhere"
+    os.replace(path, target) if os.path.exists(path) else target.write_bytes(b"")
+    before = target.read_bytes()
+    os.symlink(target, path)
+    for what, call in _fifo_cases(store).items():
+        exc = _outcome(call)
+        if what == "read" and where == "lock":
+            assert exc is None
+            continue
+        assert isinstance(exc, sessionlog.IOFailure), (what, exc)
+        assert path in str(exc) and "symbolic link" in str(exc) and "too many levels" not in str(exc).lower(), \
+            (what, str(exc))
+    assert target.read_bytes() == before and os.path.islink(path)
+
+
 def test_cli_scan_and_repair_of_a_fifo_exit_4_naming_it(tmp_path):
     import subprocess
     import sys
