@@ -460,14 +460,17 @@ class FileStore:
 
     def _batches(self, records: Iterable[Record]) -> Iterator[bytes]:
         """Group records into batches of at most the batch limit (for Zstd: frames of up to
-        1 MiB of records, what ``compact`` writes)."""
+        1 MiB of records, what ``compact`` writes). The header goes alone in the first
+        batch: damage anywhere later (a Zstd frame failing its checksum) is then damage at
+        its offset, never a file without a header."""
         lines: list[bytes] = []
         size = 0
         limit = self.limits.batch_limit
+        header = True  # lines hold only the header so far
         for record in records:
-            if lines and size + len(record.raw) + 1 > limit:
+            if lines and (header or size + len(record.raw) + 1 > limit):
                 yield self.framing.encode(lines)
-                lines, size = [], 0
+                lines, size, header = [], 0, False
             lines.append(record.raw)
             size += len(record.raw) + 1
         if lines:

@@ -447,16 +447,19 @@ class ZstdStore(FileStore):
 
 def _regroup(records: Iterator[Record] | FrameScan, frame_bytes: int, digest: Any,
              progress: Callable[[int], None] | None) -> Iterator[bytes]:
-    """Frame contents of up to ``frame_bytes`` (a larger record alone in its frame)."""
+    """Frame contents of up to ``frame_bytes`` (a larger record alone in its frame). The
+    header record gets a frame of its own, so a flipped byte in any later frame is damage
+    at that frame's offset, never a log without a header."""
     lines: list[bytes] = []
     size = 0
+    header = True  # lines hold only the header so far
     for record in records:
         n = len(record.raw) + 1
-        if lines and size + n > frame_bytes:
+        if lines and (header or size + n > frame_bytes):
             yield b"".join(lines)
             if progress is not None:
                 progress(len(lines))
-            lines, size = [], 0
+            lines, size, header = [], 0, False
         lines.append(record.raw + b"\n")
         digest.update(record.raw)
         digest.update(b"\n")

@@ -71,8 +71,9 @@ def test_compact_rewrites_into_larger_frames_with_identical_scan(tmp_path):
         assert len(zstandard.ZstdDecompressor().decompress(frame)) <= 4096
         assert zstandard.get_frame_parameters(frame).has_checksum
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
-    # The default: frames up to the batch limit (1 MiB): one frame for this session.
-    assert store.compact("s").frames_after == 1
+    # The default: frames up to the batch limit (1 MiB): the header's own frame, then one
+    # frame for the rest of this session.
+    assert store.compact("s").frames_after == 2
     assert summary(store, "s") == before
 
 

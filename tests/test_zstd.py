@@ -891,3 +891,34 @@ def test_sigkill_mid_append_leaves_whole_batches_and_every_acknowledged_one(tmp_
     assert len(batches_seen) - len(acknowledged) in (0, 1)
     store.repair("s")
     assert store.scan("s").status == "clean"
+
+
+@pytest.mark.parametrize("rewrite", ["convert", "compact"])
+def test_a_flipped_byte_in_a_whole_session_frame_is_damage_not_a_lost_header(tmp_path, rewrite):
+    """A session written whole (convert, compact) keeps its header in a frame of its own:
+    a flipped byte in the records' frame is damage at that frame's offset (repairable),
+    never 'not a session log' with no way forward."""
+    jsonl = sessionlog.open_store(f"jsonl:{tmp_path / 'j'}")
+    jsonl.create("s1")
+    for i in range(300):
+        jsonl.append("s1", [{"type": "user/message", "turn": "t1", "content": f"hello {i} " * 5}])
+    jsonl.close()
+    if rewrite == "convert":
+        convert(f"jsonl:{tmp_path / 'j'}", f"zstd:{tmp_path / 'z'}")
+    else:
+        shutil.copytree(tmp_path / "j", tmp_path / "plain")
+        convert(f"jsonl:{tmp_path / 'plain'}", f"zstd:{tmp_path / 'z'}")
+        with sessionlog.open_store(f"zstd:{tmp_path / 'z'}") as store:
+            store.compact("s1")
+    path = tmp_path / "z" / "s1.jsonl.zst"
+    data = bytearray(path.read_bytes())
+    header = zstandard.ZstdDecompressor().decompressobj()
+    assert header.decompress(bytes(data)).count(b"\n") == 1  # the first frame is the header alone
+    second = len(data) - len(header.unused_data)
+    data[(second + len(data)) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+    with sessionlog.open_store(f"zstd:{tmp_path / 'z'}") as store:
+        res = store.scan("s1")
+        assert res.damage is not None and res.damage.offset == second
+        assert res.last_seq == 1 and res.status.value == "repairable"
