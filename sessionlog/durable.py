@@ -136,6 +136,22 @@ _FILE_KINDS = {
 }
 
 
+def read_head(path: str, n: int, fs: FileSystem = OS) -> bytes:
+    """The first ``n`` bytes of the regular file at ``path``, or nothing for a missing or
+    unreadable file, a FIFO, a device or a link (the seam's open never blocks and never
+    follows a link): what content sniffing reads before it decides anything."""
+    try:
+        fd = fs.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return fs.pread(fd, n, 0)
+    except OSError:
+        return b""
+    finally:
+        fs.close(fd)
+
+
 def fsync_dir(fs: FileSystem, directory: str) -> None:
     """After this, entries created, linked or unlinked in ``directory`` survive power loss."""
     fd = fs.open(directory, os.O_RDONLY | O_DIRECTORY)

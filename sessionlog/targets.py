@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from . import InvalidStoreUrl, open_store, scheme_of
 from .contract import EventStore, SessionNotFound
+from .durable import read_head
 from .events import SESSION_START, Record, RecordError, valid_session_id
 
 KNOWN_SCHEMES = frozenset({"memory", "jsonl", "zstd", "sqlite", "postgresql"})
@@ -123,7 +124,7 @@ def resolve(text: str, *, session: str | None = None) -> list[StoreTarget]:
 def _file(text: str, path: str, session: str | None) -> StoreTarget:
     name = os.path.basename(path)
     directory = os.path.dirname(path)
-    head = _head(path)
+    head = read_head(path, 16)
     if head.startswith(SQLITE_MAGIC) or (not head and name.endswith(SQLITE_SUFFIXES)):
         return StoreTarget(text, f"sqlite:///{path}", session=session, path=path)
     scheme = "zstd" if head.startswith(ZSTD_MAGIC) else None
@@ -198,22 +199,6 @@ def _directory(text: str, path: str, session: str | None, *, scheme: str | None 
     skip = frozenset(_stem(t.file_name or "", scheme) or "" for t in renamed)
     return [StoreTarget(text, url, skip=skip), *renamed]
 
-
-def _head(path: str) -> bytes:
-    """The first bytes of a regular file (nothing for a FIFO, a device or a link: opening
-    never blocks and never follows a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return b""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        return os.pread(fd, 16, 0)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 def read_header(path: str, scheme: str) -> Header:

@@ -14,7 +14,6 @@ import contextlib
 import io
 import json
 import os
-import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any, TextIO
 
 from .. import exits
 from ..contract import SessionLogError, Status
+from ..durable import read_head
 from . import FORMATS, HEAD_BYTES, Examination, ForeignFormat, examine, get, sniff
 from .files import OpenFiles, in_use, open_files, read, write_repair
 
@@ -47,23 +47,6 @@ class ForeignTarget:
     files: list[tuple[str, ForeignFormat]]
     root: str | None
     skipped: int = 0
-
-
-def _head(path: str) -> bytes:
-    """The first bytes of a regular file (nothing for a FIFO, device or symlink: opening
-    never blocks and never follows a link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return b""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        return os.pread(fd, HEAD_BYTES, 0)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 def _is_sessionlog(head: bytes) -> bool:
@@ -92,7 +75,7 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
             raise ForeignUsageError(f"unknown input format {input_format!r}; known: {', '.join(FORMATS)}")
         forced = get(input_format)
     if os.path.exists(target) and not os.path.isdir(target):
-        head = _head(target)
+        head = read_head(target, HEAD_BYTES)
         if forced is not None:
             return ForeignTarget([(target, forced)], None)
         if _is_sessionlog(head):
@@ -109,12 +92,12 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
         return None
     if forced is None and any(
             (name.endswith(".jsonl") or name.endswith(".jsonl.zst")) and not name.startswith(".")
-            and (name.endswith(".zst") or _is_sessionlog(_head(os.path.join(target, name)))) for name in top):
+            and (name.endswith(".zst") or _is_sessionlog(read_head(os.path.join(target, name), HEAD_BYTES))) for name in top):
         return None
     files: list[tuple[str, ForeignFormat]] = []
     skipped = 0
     for path in _jsonl_files(target):
-        fmt = forced if forced is not None else sniff(_head(path))
+        fmt = forced if forced is not None else sniff(read_head(path, HEAD_BYTES))
         if fmt is None:
             skipped += 1
         else:
