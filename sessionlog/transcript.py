@@ -578,6 +578,8 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
     latest_by_id: dict[str, PairedCall] = {}
     exchanges: dict[int, Exchange] = {}
 
+    if not isinstance(records, Iterable) or isinstance(records, (str, bytes, Mapping)):
+        raise InvalidEvent(f"pair_calls takes a sequence of records, not {type(records).__name__}")
     for index, record in enumerate(records):
         type_, seq, _ = _envelope(record, index)
         if type_ == TOOL_RESULT:

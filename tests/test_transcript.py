@@ -564,6 +564,11 @@ def test_a_record_without_its_envelope_is_invalid_event_not_a_key_error():
 
     import sessionlog
 
+    for records in (None, 5):  # not a sequence of records at all
+        with pytest.raises(sessionlog.InvalidEvent):
+            pair_calls(records)
+        with pytest.raises(sessionlog.InvalidEvent):
+            sessionlog.project(records, "openai")
     for bad in ([{"type": "user/message"}], [{"seq": 1, "type": "x"}], [5], [{"seq": 1, "ts": 1.0}]):
         with pytest.raises(sessionlog.InvalidEvent, match="record 0"):
             pair_calls(bad)
