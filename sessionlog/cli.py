@@ -622,6 +622,22 @@ def _metered(records: Iterator[Any], meter: Meter) -> Iterator[Any]:
 # --- convert, compact, restore, bench, demo ---------------------------------------------
 
 
+def _store_targets(texts: list[str], session: str | None, codes: list[int]) -> Iterator[StoreTarget]:
+    """The store targets ``texts`` name, in order. One that names nothing is said on stderr
+    and counted in ``codes`` as an error (the others still run); a malformed URL is a usage
+    error."""
+    for text in texts:
+        try:
+            targets = resolve(text, session=session)
+        except TargetNotFound as exc:
+            note(f"sessionlog: {exc}")
+            codes.append(EXIT_ERROR)
+            continue
+        except InvalidStoreUrl as exc:
+            raise UsageError(str(exc)) from exc
+        yield from targets
+
+
 def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import convert
 
@@ -631,30 +647,21 @@ def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     if STDIN in args.targets:
         raise UsageError("convert does not read standard input (-): name a file or store")
     results = []
-    codes = []
-    for src in sources:
-        try:
-            src_targets = resolve(src, session=args.session)
-        except TargetNotFound as exc:
-            note(f"sessionlog: {exc}")
-            codes.append(EXIT_ERROR)
-            continue
-        except InvalidStoreUrl as exc:
-            raise UsageError(str(exc)) from exc
-        for target in src_targets:
-            if target.note:
-                note(f"note: {target.note}")
-            with progress(args, "converting", None, unit="records") as meter:
-                done = convert.convert(target, dst, session=args.session, repaired=args.repaired,
-                                       force=args.force, progress=meter.advance)
-            for res in done:
-                row = res.to_json()
-                codes.append(res.exit_code)
-                results.append(row)
-                if args.json:
-                    emit_json(out, row)
-                for warning in res.warnings:
-                    note(f"warning: {warning}")
+    codes: list[int] = []
+    for target in _store_targets(sources, args.session, codes):
+        if target.note:
+            note(f"note: {target.note}")
+        with progress(args, "converting", None, unit="records") as meter:
+            done = convert.convert(target, dst, session=args.session, repaired=args.repaired,
+                                   force=args.force, progress=meter.advance)
+        for res in done:
+            row = res.to_json()
+            codes.append(res.exit_code)
+            results.append(row)
+            if args.json:
+                emit_json(out, row)
+            for warning in res.warnings:
+                note(f"warning: {warning}")
     if not args.json:
         _print_result_table(results, out, ("session", "status", "records", "reason"))
     return worst(codes)
@@ -667,27 +674,18 @@ def cmd_compact(args: argparse.Namespace, out: TextIO) -> int:
     codes: list[int] = []
     if STDIN in args.targets:
         raise UsageError("compact does not read standard input (-): name a file or store")
-    for text in args.targets:
-        try:
-            targets = resolve(text, session=args.session)
-        except TargetNotFound as exc:
-            note(f"sessionlog: {exc}")
-            codes.append(EXIT_ERROR)
-            continue
-        except InvalidStoreUrl as exc:
-            raise UsageError(str(exc)) from exc
-        for target in targets:
-            with progress(args, "compacting", None, unit="records") as meter:
-                try:
-                    done = convert.compact(target, session=args.session, progress=meter.advance)
-                except convert.NothingToCompact as exc:
-                    raise UsageError(str(exc)) from exc
-            for res in done:
-                row = convert.compact_row(res)
-                codes.append(res.exit_code)
-                rows.append(row)
-                if args.json:
-                    emit_json(out, row)
+    for target in _store_targets(args.targets, args.session, codes):
+        with progress(args, "compacting", None, unit="records") as meter:
+            try:
+                done = convert.compact(target, session=args.session, progress=meter.advance)
+            except convert.NothingToCompact as exc:
+                raise UsageError(str(exc)) from exc
+        for res in done:
+            row = convert.compact_row(res)
+            codes.append(res.exit_code)
+            rows.append(row)
+            if args.json:
+                emit_json(out, row)
     if not args.json:
         _print_result_table(rows, out, ("session", "status", "frames_before", "frames_after",
                                         "bytes_before", "bytes_after", "reason"))
