@@ -1,11 +1,13 @@
-"""Peak memory of ``sessionlog scan --json`` on a log of at least 1 GB, in a child process.
+"""Peak memory of ``sessionlog scan --json`` and of ``sessionlog show --format openai
+--check`` on a log of at least 1 GB, in a child process.
 
 A scan streams: its memory is bounded by the record limit (and the read chunk), not by
-the log. The bench writes a JSONL session of ``size_mb`` MB into its temp directory
-(the generated transcript's records replayed with fresh ``seq`` values — turn ids repeat
-every few thousand records, which the scan does not mind), runs the CLI on it as a child
-process, reads the child's own peak RSS from ``os.wait4``, and deletes the file. The same
-command on a one-turn log gives the interpreter's baseline.
+the log. ``show`` streams too (two passes, see ``sessionlog.projection.stream_view``): it
+holds the session's call ids, not its records. The bench writes a JSONL session of
+``size_mb`` MB into its temp directory (the generated transcript's records replayed with
+fresh ``seq`` values and, each time round, fresh call ids, as a long session has), runs
+each command on it as a child process, reads the child's own peak RSS from ``os.wait4``,
+and deletes the file. The same command on a one-turn log gives the interpreter's baseline.
 """
 
 from __future__ import annotations
@@ -26,16 +28,29 @@ BOUND_RECORD_LIMITS = 32
 """The bar: peak RSS above the small-log baseline stays within this many record limits
 (32 MiB at the default 1 MiB limit) however large the log."""
 
+SHOW_BOUND_BYTES = 100_000_000
+"""The bar of ``show --format openai --check``: peak RSS within 100 MB on the large log
+(issue 12: "bounded (<= 100 MB) on a 1 GB log")."""
+
 
 def scan_command() -> list[str]:
     """``sessionlog scan --json`` from this interpreter's environment."""
+    return [*_sessionlog(), "scan", "--json"]
+
+
+def show_command() -> list[str]:
+    """``sessionlog show --format openai --check`` from this interpreter's environment."""
+    return [*_sessionlog(), "show", "--format", "openai", "--check"]
+
+
+def _sessionlog() -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "sessionlog")
     if os.path.exists(script):
-        return [script, "scan", "--json"]
+        return [script]
     found = shutil.which("sessionlog")
     if found:
-        return [found, "scan", "--json"]
-    return [sys.executable, "-m", "sessionlog.cli", "scan", "--json"]
+        return [found]
+    return [sys.executable, "-m", "sessionlog.cli"]
 
 
 def write_log(path: str, corpus: Corpus, size_bytes: int) -> tuple[int, int]:
@@ -56,7 +71,10 @@ def write_log(path: str, corpus: Corpus, size_bytes: int) -> tuple[int, int]:
         while not done:
             seq += 1
             i = (seq - 2) % n
-            line = b'{"seq":%d%s' % (seq, tails[i])
+            tail = tails[i]
+            if seq - 2 >= n:  # call ids are unique in a session: each time round gets its own
+                tail = tail.replace(b':"call_', b':"call_%dx' % ((seq - 2) // n))  # values, not "call_id"
+            line = b'{"seq":%d%s' % (seq, tail)
             done = written + len(line) >= size_bytes and ends_turn[i]  # whole turns: it scans clean
             chunk.append(line)
             chunk_bytes += len(line)
@@ -74,12 +92,17 @@ def write_log(path: str, corpus: Corpus, size_bytes: int) -> tuple[int, int]:
 # Runs argv[1:] as its child and prints {"code", "maxrss_kib", "stdout", "stderr"} as JSON.
 # This small process is the CLI's parent: Linux counts a child's RSS from its fork, so a
 # child forked straight from the bench (which holds the corpus) would report the bench's size.
+# With --discard-stdout first, the child's stdout goes to /dev/null ("stdout" is empty).
 _PEAK_OF_CHILD = """
 import json, os, subprocess, sys, tempfile
+discard = sys.argv[1] == "--discard-stdout"
+argv = sys.argv[2:] if discard else sys.argv[1:]
 with tempfile.TemporaryFile() as err:
-    proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=err)
-    with proc.stdout:
-        out = proc.stdout.read()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL if discard else subprocess.PIPE, stderr=err)
+    out = b""
+    if not discard:
+        with proc.stdout:
+            out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     err.seek(0)
@@ -88,12 +111,14 @@ with tempfile.TemporaryFile() as err:
 """
 
 
-def run_with_rusage(argv: list[str]) -> tuple[int, int, float, str, str]:
+def run_with_rusage(argv: list[str], *, discard_stdout: bool = False) -> tuple[int, int, float, str, str]:
     """Run ``argv`` as a child; return (exit code, its own peak RSS in bytes, seconds,
     stdout, stderr). The peak comes from ``os.wait4`` on that child alone, taken by a
-    small intermediate interpreter (see ``_PEAK_OF_CHILD``)."""
+    small intermediate interpreter (see ``_PEAK_OF_CHILD``). ``discard_stdout``: the
+    child writes to /dev/null (stdout comes back empty)."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _PEAK_OF_CHILD, *argv], capture_output=True, check=True)
+    flag = ["--discard-stdout"] if discard_stdout else []
+    proc = subprocess.run([sys.executable, "-c", _PEAK_OF_CHILD, *flag, *argv], capture_output=True, check=True)
     seconds = time.perf_counter() - start
     report = json.loads(proc.stdout)
     # ru_maxrss is in KiB on Linux.
@@ -114,6 +139,7 @@ def measure_scan_memory(directory: str, corpus: Corpus, size_mb: int) -> dict[st
         cmd = scan_command()
         code_small, rss_small, _, _, _ = run_with_rusage([*cmd, small])
         code, rss, seconds, out, err = run_with_rusage([*cmd, big])
+        show = measure_show_memory(small, big)
         row: dict[str, Any] = {}
         try:
             row = json.loads(out.splitlines()[0]) if out.strip() else {}
@@ -137,6 +163,7 @@ def measure_scan_memory(directory: str, corpus: Corpus, size_mb: int) -> dict[st
             "growth_bytes": rss - rss_small,
             "bound_bytes": bound,
             "generate_seconds": gen_seconds,
+            "show": show,
         }
     finally:
         for path in (small, big):
@@ -145,3 +172,27 @@ def measure_scan_memory(directory: str, corpus: Corpus, size_mb: int) -> dict[st
             except FileNotFoundError:
                 pass
         shutil.rmtree(work, ignore_errors=True)
+
+
+def measure_show_memory(small: str, big: str) -> dict[str, Any]:
+    """Peak RSS of ``show --format openai --check`` (the view written to /dev/null) on the
+    large log ``big`` and on the one-turn log ``small``."""
+    cmd = show_command()
+    code_small, rss_small, _, _, _ = run_with_rusage([*cmd, small], discard_stdout=True)
+    code, rss, seconds, _, err = run_with_rusage([*cmd, big], discard_stdout=True)
+    # Its notes (one per renamed call, say) are not the point: keep the last line.
+    last = [line for line in err.strip().splitlines() if not line.startswith("note: ")][-1:]
+    nbytes = os.path.getsize(big)
+    return {
+        "command": " ".join([os.path.basename(cmd[0]), *cmd[1:]]),
+        "log_bytes": nbytes,
+        "exit_code": code,
+        "exit_code_small": code_small,
+        "stderr": last[0][-500:] if last else None,
+        "seconds": seconds,
+        "mb_per_s": nbytes / seconds / 1e6 if seconds > 0 else None,
+        "peak_rss_bytes": rss,
+        "baseline_rss_bytes": rss_small,
+        "growth_bytes": rss - rss_small,
+        "bound_bytes": SHOW_BOUND_BYTES,
+    }

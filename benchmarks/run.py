@@ -23,7 +23,7 @@ from sessionlog.events import encode_record
 from . import appends, ceiling, memory, peers, scans
 from .machine import describe
 from .rounds import Case, Result, run_interleaved
-from .targets import all_targets, evaluate, memory_target
+from .targets import all_targets, evaluate, memory_target, show_memory_target
 from .transcript import small_events
 
 SCHEMA_VERSION = 1
@@ -150,7 +150,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
 
     mem: dict[str, Any] | None = None
     if settings.memory_mb > 0:
-        progress(f"scanning a {settings.memory_mb} MB log in a child process")
+        progress(f"scan and show of a {settings.memory_mb} MB log in a child process")
         try:
             mem = memory.measure_scan_memory(tmp, corpus, settings.memory_mb)
         except Exception as exc:
@@ -162,6 +162,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
     target_rows = evaluate(all_targets(names), ordered)
     if settings.memory_mb > 0:
         target_rows.append(memory_target(mem))
+        target_rows.append(show_memory_target(mem))
     return {
         "schema": SCHEMA_VERSION,
         "machine": machine,

@@ -180,3 +180,29 @@ def memory_target(memory: dict[str, Any] | None) -> dict[str, Any]:
     row["bar_op"] = "<="
     row["verdict"] = "PASS" if growth <= bound else "MISS"
     return row
+
+
+def show_memory_target(memory: dict[str, Any] | None) -> dict[str, Any]:
+    """``show --format openai --check`` of the large log: peak RSS within the bound (100 MB,
+    issue 12): ``ratio`` is peak / bound, which must be <= 1; the growth over the one-turn
+    log is in the memory section."""
+    show = (memory or {}).get("show")
+    row: dict[str, Any] = {
+        "id": "show-memory", "description": "CLI show --format openai --check of a large log: peak RSS <= 100 MB",
+        "numerator": "memory.show.peak_rss_bytes", "denominator": "memory.show.bound_bytes", "bar": None,
+        "ratio": None, "value": None, "verdict": "SKIP", "reason": None,
+    }
+    if not show:
+        row["reason"] = "not measured"
+        return row
+    if show.get("exit_code") != 0:
+        row["verdict"] = "MISS"
+        row["reason"] = f"show exited {show.get('exit_code')}: {show.get('stderr')}"
+        return row
+    peak, bound = show["peak_rss_bytes"], show["bound_bytes"]
+    row["value"] = peak
+    row["ratio"] = peak / bound  # lower is better: at most 1.0
+    row["bar"] = 1.0
+    row["bar_op"] = "<="
+    row["verdict"] = "PASS" if peak <= bound else "MISS"
+    return row

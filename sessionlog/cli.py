@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -560,26 +561,55 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) ->
     damage = plan.damage
     if damage is not None and damage.kind.needs_force:
         note(f"warning: {sid}: {damage.kind} at offset {damage.offset}; showing the prefix before it")
-    with progress(args, "reading", _session_bytes(store, sid) or None) as meter:
-        records = _metered(repaired_view(store, sid, plan), meter)
-        if args.format == "events":
-            for record in records:
+    size = _session_bytes(store, sid) or None
+    if args.format == "events":
+        with progress(args, "reading", size) as meter:
+            for record in _metered(repaired_view(store, sid, plan), meter):
                 out.write(record.raw.decode("utf-8") + "\n")
-            return EXIT_OK
-        from . import projection
+        return EXIT_OK
+    from . import projection
 
-        view = projection.project(records, args.format)
-    for issue in view.issues:
-        note(f"note: {issue}")
-    document = view.to_json()
-    if args.json:
-        for item in _json_lines_of(document):
-            emit_json(out, item)
-    else:
-        write_pretty(out, document)
-    del document
-    if args.check:
-        violation = projection.check_pairing(view.items, args.format)
+    # Two passes over the log (projection.stream_view): the pairing, then the view written
+    # item by item. The second reads the records the first read, whatever a writer
+    # appended meanwhile.
+    meters: list[Meter] = []
+    durable: list[int] = []
+
+    def read() -> Iterator[Any]:
+        records = store.read(sid)
+        if durable:
+            records = itertools.islice(records, durable[0])
+        n = 0
+        for record in _metered(records, meters[-1]):
+            n += 1
+            yield record
+        if not durable:
+            durable.append(n)
+        if plan.status == "repaired":
+            yield from plan.appended
+
+    with progress(args, "reading", size) as meter:
+        meters.append(meter)
+        view = projection.stream_view(read, args.format)
+    with view:
+        for issue in view.issues():
+            note(f"note: {issue}")
+        check = projection.PairingCheck(args.format) if args.check else None
+        # A bar on stderr while the view goes to the same terminal would garble it.
+        with progress(args if not out.isatty() else argparse.Namespace(quiet=True), "writing", size) as meter:
+            meters.append(meter)
+            document = view.to_json()
+            key = "input" if "input" in document else "messages"
+            if check is not None:
+                document[key] = check.watch(document[key])
+            if args.json:
+                for item in _json_lines_of(document):
+                    emit_json(out, item)
+            else:
+                write_pretty(out, document)
+            del document
+    if check is not None:
+        violation = check.result()
         if violation is not None:
             note(f"pairing violation: {violation.message}")
             return EXIT_REPAIRABLE
@@ -588,11 +618,15 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) ->
 
 def write_pretty(out: TextIO, document: dict[str, Any]) -> None:
     """``json.dumps(document, ensure_ascii=False, indent=2)`` and a newline, written one
-    list item at a time (the same bytes without holding the whole text of a large view)."""
+    list item at a time (the same bytes without holding the whole text of a large view).
+    A value may be an iterator of items (written as a list, read once)."""
     out.write("{")
     for n, (key, value) in enumerate(document.items()):
         out.write(("," if n else "") + "\n  " + json.dumps(key) + ": ")
-        if not isinstance(value, list) or not value:
+        if isinstance(value, Iterator):
+            first = next(value, _END)
+            value = [] if first is _END else itertools.chain((first,), value)
+        if not isinstance(value, (list, Iterator)) or (isinstance(value, list) and not value):
             out.write(json.dumps(value, ensure_ascii=False, indent=2).replace("\n", "\n  "))
             continue
         out.write("[")
@@ -601,6 +635,9 @@ def write_pretty(out: TextIO, document: dict[str, Any]) -> None:
             out.write(("," if i else "") + "\n    " + text)
         out.write("\n  ]")
     out.write("\n}\n" if document else "}\n")
+
+
+_END = object()
 
 
 def _json_lines_of(document: dict[str, Any]) -> Iterator[Any]:

@@ -32,14 +32,39 @@ list of items of any of the three formats.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
+import tempfile
+from array import array
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .events import SessionLogError
-from .transcript import Exchange, PairedCall, Pairing, SystemEntry, UserEntry, pair_calls
+from .contract import InvalidEvent
+from .events import (
+    ASSISTANT_MESSAGE,
+    SYSTEM_MESSAGE,
+    TOOL_AWAITING_APPROVAL,
+    TOOL_RESULT,
+    USER_MESSAGE,
+    Record,
+    SessionLogError,
+    requested_calls,
+)
+from .transcript import (
+    Exchange,
+    PairedCall,
+    Pairing,
+    PendingCall,
+    PendingCalls,
+    SystemEntry,
+    UserEntry,
+    awaiting_result,
+    pair_calls,
+    synthetic_result,
+)
 
 FORMATS: Final = ("openai", "responses", "anthropic")
 """The provider formats :func:`project` and :func:`check_pairing` know."""
@@ -222,72 +247,73 @@ def view_ids(pairing: Pairing) -> tuple[ViewIds, list[str]]:
     return ids, issues
 
 
-def _openai(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    for entry in entries:
-        if isinstance(entry, UserEntry):
-            items.append({"role": "user", "content": entry.content if entry.content is not None else ""})
-            continue
-        if isinstance(entry, SystemEntry):
-            items.append({"role": "system", "content": _system_text(entry.content)})
-            continue
-        if not entry.calls:
-            if not _empty(entry.content):
-                items.append({"role": "assistant", "content": entry.content})
-            continue
-        items.append({
-            "role": "assistant",
-            "content": None if _empty(entry.content) else entry.content,
-            "tool_calls": [
-                {"id": ids[id(c)], "type": "function",
-                 "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
-                for c in entry.calls
-            ],
-        })
-        items.extend(tool_message(c, ids[id(c)]) for c in entry.calls)
-    return items
-
-
-def _responses(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    for entry in entries:
-        if isinstance(entry, UserEntry):
-            items.append({"type": "message", "role": "user",
-                          "content": entry.content if entry.content is not None else ""})
-            continue
-        if isinstance(entry, SystemEntry):
-            items.append({"type": "message", "role": "system", "content": _system_text(entry.content)})
-            continue
-        if not _empty(entry.content):
-            items.append({"type": "message", "role": "assistant", "content": entry.content})
-        items.extend(
-            {"type": "function_call", "call_id": ids[id(c)], "name": c.name,
-             "arguments": arguments_json(c.arguments)}
+def _openai_entry(entry: UserEntry | SystemEntry | Exchange, ids: ViewIds) -> list[dict[str, Any]]:
+    if isinstance(entry, UserEntry):
+        return [{"role": "user", "content": entry.content if entry.content is not None else ""}]
+    if isinstance(entry, SystemEntry):
+        return [{"role": "system", "content": _system_text(entry.content)}]
+    if not entry.calls:
+        return [] if _empty(entry.content) else [{"role": "assistant", "content": entry.content}]
+    items = [{
+        "role": "assistant",
+        "content": None if _empty(entry.content) else entry.content,
+        "tool_calls": [
+            {"id": ids[id(c)], "type": "function",
+             "function": {"name": c.name, "arguments": arguments_json(c.arguments)}}
             for c in entry.calls
-        )
-        items.extend(function_call_output(c, ids[id(c)]) for c in entry.calls)
+        ],
+    }]
+    items.extend(tool_message(c, ids[id(c)]) for c in entry.calls)
     return items
 
 
-def _anthropic(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
+def _responses_entry(entry: UserEntry | SystemEntry | Exchange, ids: ViewIds) -> list[dict[str, Any]]:
+    if isinstance(entry, UserEntry):
+        return [{"type": "message", "role": "user", "content": entry.content if entry.content is not None else ""}]
+    if isinstance(entry, SystemEntry):
+        return [{"type": "message", "role": "system", "content": _system_text(entry.content)}]
     items: list[dict[str, Any]] = []
+    if not _empty(entry.content):
+        items.append({"type": "message", "role": "assistant", "content": entry.content})
+    items.extend(
+        {"type": "function_call", "call_id": ids[id(c)], "name": c.name, "arguments": arguments_json(c.arguments)}
+        for c in entry.calls
+    )
+    items.extend(function_call_output(c, ids[id(c)]) for c in entry.calls)
+    return items
 
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        # Consecutive messages of one role become one message: the user text that follows
-        # a tool round goes after its tool_result blocks, which stay first.
+
+class _AnthropicMessages:
+    """Anthropic messages built entry by entry. Consecutive messages of one role become one
+    message, so the latest message stays open until a message of the other role starts:
+    ``add`` returns the messages it completed, ``end`` the last one."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: dict[str, Any] | None = None
+
+    def _start(self, message: dict[str, Any], done: list[dict[str, Any]]) -> None:
+        if self.last is not None:
+            done.append(self.last)
+        self.last = message
+
+    def _extend(self, role: str, blocks: list[dict[str, Any]], done: list[dict[str, Any]]) -> None:
+        # The user text that follows a tool round goes after its tool_result blocks, which stay first.
         if not blocks:
             return
-        if items and items[-1]["role"] == role:
-            items[-1]["content"].extend(blocks)
+        if self.last is not None and self.last["role"] == role:
+            self.last["content"].extend(blocks)
         else:
-            items.append({"role": role, "content": blocks})
+            self._start({"role": role, "content": blocks}, done)
 
-    for entry in entries:
+    def add(self, entry: UserEntry | SystemEntry | Exchange, ids: ViewIds) -> list[dict[str, Any]]:
+        done: list[dict[str, Any]] = []
         if isinstance(entry, SystemEntry):
-            continue  # the top-level system text: Projection.system
+            return done  # the top-level system text: Projection.system
         if isinstance(entry, UserEntry):
-            add("user", _text_blocks(entry.content))
-            continue
+            self._extend("user", _text_blocks(entry.content), done)
+            return done
         blocks = _text_blocks(entry.content)
         blocks.extend(
             {"type": "tool_use", "id": ids[id(c)], "name": c.name, "input": arguments_object(c.arguments)}
@@ -296,14 +322,32 @@ def _anthropic(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
         if entry.calls:
             # A new message, never merged into an earlier assistant message's end: the
             # tool_result blocks must open the very next user message.
-            if items and items[-1]["role"] == "assistant":
-                items[-1]["content"].extend(blocks)
+            if self.last is not None and self.last["role"] == "assistant":
+                self.last["content"].extend(blocks)
             else:
-                items.append({"role": "assistant", "content": blocks})
-            items.append({"role": "user", "content": [tool_result_block(c, ids[id(c)]) for c in entry.calls]})
+                self._start({"role": "assistant", "content": blocks}, done)
+            self._start({"role": "user", "content": [tool_result_block(c, ids[id(c)]) for c in entry.calls]}, done)
         else:
-            add("assistant", blocks)
-    return items
+            self._extend("assistant", blocks, done)
+        return done
+
+    def end(self) -> list[dict[str, Any]]:
+        last, self.last = self.last, None
+        return [] if last is None else [last]
+
+
+def _openai(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
+    return [item for entry in entries for item in _openai_entry(entry, ids)]
+
+
+def _responses(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
+    return [item for entry in entries for item in _responses_entry(entry, ids)]
+
+
+def _anthropic(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
+    messages = _AnthropicMessages()
+    items = [item for entry in entries for item in messages.add(entry, ids)]
+    return items + messages.end()
 
 
 _RENDER = {"openai": _openai, "responses": _responses, "anthropic": _anthropic}
@@ -332,11 +376,387 @@ def project(records: Iterable[Mapping[str, Any]], fmt: str) -> Projection:
     return Projection(fmt, items, issues, [c.call_id for c in calls], [ids[id(c)] for c in calls], system)
 
 
+# --- streamed views --------------------------------------------------------------------
+# The same view in two passes over the records, holding call ids and positions, never the
+# records: the first pass runs the pairing (the one tracker) and learns which calls get a
+# result from far away in the log (repair writes results at the end), which get a
+# view-time result, and which calls the view renames; it writes the issues and the far
+# results' text to temporary files. The second pass runs the tracker again over the same
+# records and renders entry by entry: an assistant message waits only for the results
+# that follow it before the next message.
+
+_STREAM_TYPES = (USER_MESSAGE, SYSTEM_MESSAGE, ASSISTANT_MESSAGE)
+_GENERATED = re.compile(r"call_(0|[1-9][0-9]*)_(0|[1-9][0-9]*)(?:_([1-9][0-9]*))?")
+
+
+class _NotStreamable(Exception):
+    """Seqs that are not increasing non-negative integers: the view is made in memory."""
+
+
+class SessionChanged(SessionLogError):
+    """The second pass of a streamed view read other records than the first."""
+
+
+def _stream_envelope(record: Any, index: int) -> tuple[str, Any]:
+    """A record's type and seq; InvalidEvent as :func:`pair_calls` raises it for a record
+    without its envelope."""
+    if isinstance(record, Record):
+        return record.type, record.seq
+    try:
+        type_, seq, _ = record["type"], record["seq"], record["ts"]
+        return type_, seq
+    except (KeyError, TypeError, IndexError) as exc:
+        raise InvalidEvent(f"record {index} is not a session record (a mapping with 'type', 'seq' and "
+                           f"'ts'): {str(record)[:80]}") from exc
+
+
+def _step_keys(tracker: PendingCalls) -> set[tuple[Any, Any]]:
+    """The keys of the steps ``tracker`` holds open (as :attr:`PendingCall.step_key` spells them)."""
+    return {PendingCall("", "", turn, step).step_key for turn, step in tracker.open_steps()}
+
+
+class _Lines:
+    """Strings written one by one to a temporary file (in memory while small), read back in order."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.SpooledTemporaryFile(max_size=1 << 20, mode="w+", encoding="utf-8", newline="\n")
+
+    def add(self, text: str) -> None:
+        self._file.write(json.dumps(text) + "\n")
+
+    def __iter__(self) -> Iterator[str]:
+        self._file.seek(0)
+        for line in self._file:
+            yield json.loads(line)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class StreamedView:
+    """A provider view made in two passes over the records (see :func:`stream_view`).
+
+    ``issues()`` yields what :attr:`Projection.issues` holds, ``system`` is
+    :attr:`Projection.system`, ``items()`` yields :attr:`Projection.items` one at a time
+    (the second pass) and ``to_json()`` is :meth:`Projection.to_json` with the items as
+    that iterator. Close it (or use it as a context manager) to remove its temporary
+    files."""
+
+    def __init__(self, read: Callable[[], Iterable[Mapping[str, Any]]], fmt: str) -> None:
+        _check_format(fmt)
+        self.format = fmt
+        self.system: Any = None
+        self._read = read
+        self._memory: Projection | None = None
+        self._issues = _Lines()
+        self._renames = _Lines()
+        self._system_seqs: array[int] = array("q")
+        # The calls the view renames, in log order: assistant message seq, call position, suffix.
+        self._tape: tuple[array[int], array[int], array[int]] = (array("q"), array("q"), array("q"))
+        self._view_time: dict[tuple[int, str], dict[str, Any]] = {}
+        self._far: dict[tuple[int, str], tuple[int, int, bool]] = {}  # -> offset, length, is_error
+        self._far_file: Any = None
+        self._count = 0
+        self._last_seq: int | None = None
+        self._read_twice = False
+
+    def __enter__(self) -> StreamedView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._issues.close()
+        self._renames.close()
+        if self._far_file is not None:
+            self._far_file.close()
+
+    def issues(self) -> Iterator[str]:
+        if self._memory is not None:
+            yield from self._memory.issues
+            return
+        yield from self._issues
+        yield from self._renames
+        if self.format == "anthropic" and self._system_seqs:
+            last = self._system_seqs[-1]
+            for seq in self._system_seqs[:-1]:
+                yield (f"system message seq {seq} is replaced by the later one at seq {last} "
+                       "(Anthropic takes one top-level system)")
+
+    def to_json(self) -> dict[str, Any]:
+        if self.format == "responses":
+            return {"input": self.items()}
+        if self.system is not None:
+            return {"system": self.system, "messages": self.items()}
+        return {"messages": self.items()}
+
+    # -- pass 1 --------------------------------------------------------------------------
+
+    def _generated(self, text: str) -> bool:
+        """True when ``text`` is an id this view made up for a renamed call."""
+        m = _GENERATED.fullmatch(text)
+        if m is None:
+            return False
+        seq, n, again = int(m[1]), int(m[2]), int(m[3] or 1)
+        if m[3] is not None and again < 2:
+            return False  # a suffix starts at _2
+        seqs, ns, agains = self._tape
+        i = bisect.bisect_left(seqs, seq)
+        while i < len(seqs) and seqs[i] == seq:
+            if ns[i] == n and agains[i] == again:
+                return True
+            i += 1
+        return False
+
+    def _survey(self) -> None:
+        records = self._read()
+        if not isinstance(records, Iterable) or isinstance(records, (str, bytes, Mapping)):
+            raise InvalidEvent(f"pair_calls takes a sequence of records, not {type(records).__name__}")
+        tracker = PendingCalls()
+        issues = self._issues
+        # call id -> its latest call: (assistant seq << 2), or (result seq << 2) | 2 once
+        # answered; | 1 once the view used the id as it is.
+        seen: dict[str, int] = {}
+        last_assistant: int | None = None  # seq of the latest message, when it is an assistant message
+        system_content: Any = None
+        prev = -1
+        count = 0
+        for index, record in enumerate(records):
+            type_, seq = _stream_envelope(record, index)
+            if type(seq) is not int or seq <= prev:
+                raise _NotStreamable
+            prev = seq
+            count += 1
+            if type_ == TOOL_RESULT:
+                call = tracker.feed(record)
+                if call is not None:
+                    state = seen[call.call_id]
+                    if state & ~1 == call.assistant_seq << 2:  # the id's latest call: now answered
+                        seen[call.call_id] = (seq << 2) | 2 | (state & 1)
+                    if call.step_key not in _step_keys(tracker):
+                        issues.add(f"late result seq {seq} for call {call.call_id!r}, logged after its step "
+                                   "closed, paired with its call")
+                    if last_assistant != call.assistant_seq:
+                        self._keep_far(call, record)
+                    continue
+                call_id = record.get("call_id")
+                state = seen.get(call_id) if isinstance(call_id, str) else None
+                if state is None:
+                    issues.add(f"orphan result seq {seq} (call_id {call_id!r}): no assistant message "
+                               "before it asked for that call; left out")
+                else:
+                    first = state >> 2 if state & 2 else None
+                    issues.add(f"duplicate result seq {seq} for call {call_id!r} (first at seq {first}) left out")
+                continue
+            tracker.feed(record)
+            if type_ == USER_MESSAGE:
+                last_assistant = None
+            elif type_ == SYSTEM_MESSAGE:
+                last_assistant = None
+                self._system_seqs.append(seq)
+                if self.format == "anthropic":
+                    system_content = record.get("content")
+            elif type_ == ASSISTANT_MESSAGE:
+                last_assistant = seq
+                asked: set[str] = set()
+                for req in requested_calls(record.get("tool_calls")):
+                    if req.id in asked:
+                        issues.add(f"assistant message seq {seq} asks for call id {req.id!r} twice; "
+                                   "the repeat is left out")
+                        continue
+                    self._name(seq, len(asked), req.id, seen)
+                    asked.add(req.id)
+        self._count, self._last_seq = count, (prev if count else None)
+        # What is still unanswered gets its view-time result.
+        unanswered = tracker.unanswered()
+        ambiguous = Counter(c.call_id for c in unanswered)
+        open_steps = _step_keys(tracker)
+        for call in unanswered:
+            step_open = call.step_key in open_steps
+            if call.approval == "requested":
+                result = awaiting_result(call, ts=tracker.last_ts)
+                issues.add(f"call {call.call_id!r} (assistant message seq {call.assistant_seq}) awaits "
+                           f"approval; the view shows a {TOOL_AWAITING_APPROVAL} result (never written)")
+            else:
+                result = synthetic_result(call, ts=tracker.last_ts, ambiguous=ambiguous[call.call_id] > 1)
+                where = "the log ends with its step open" if step_open else "its step was closed without it"
+                issues.add(f"call {call.call_id!r} (assistant message seq {call.assistant_seq}) has no result: "
+                           f"{where}; the view shows a {result['code']} result (the log is not rewritten)")
+            self._view_time[(call.assistant_seq, call.call_id)] = result
+        if self.format == "anthropic" and self._system_seqs:
+            self.system = _system_text(system_content)
+
+    def _name(self, seq: int, n: int, call_id: str, seen: dict[str, int]) -> None:
+        """Call ``n`` of assistant message ``seq``: its view id (see :func:`view_ids`), and
+        the id's latest call from now on."""
+        state = seen.get(call_id)
+        used = state & 1 if state is not None else 0
+
+        def taken(text: str) -> bool:
+            s = seen.get(text)
+            return (s is not None and s & 1 == 1) or self._generated(text)
+
+        in_use = used == 1 or self._generated(call_id)
+        if VIEW_ID.fullmatch(call_id) and not in_use:
+            used = 1
+        else:
+            if not call_id:
+                why = "is empty"
+            elif in_use:
+                why = "was used by an earlier call of this session"
+            else:
+                why = "is not 1 to 40 characters of [A-Za-z0-9_-]"
+            view_id = base = f"call_{seq}_{n}"
+            again = 1
+            while taken(view_id):
+                again += 1
+                view_id = f"{base}_{again}"
+            seqs, ns, agains = self._tape
+            seqs.append(seq)
+            ns.append(n)
+            agains.append(again)
+            self._renames.add(f"call id {call_id!r} of assistant message seq {seq} {why}; "
+                              f"the view calls it {view_id!r}")
+        seen[call_id] = (seq << 2) | used
+
+    def _keep_far(self, call: PendingCall, record: Mapping[str, Any]) -> None:
+        """Keep the text of a result logged after a later message (the second pass meets it
+        after its call's message is written)."""
+        if self._far_file is None:
+            self._far_file = tempfile.SpooledTemporaryFile(max_size=4 << 20)
+        data = result_text(record).encode("utf-8", "surrogatepass")
+        offset = self._far_file.seek(0, 2)
+        self._far_file.write(data)
+        self._far[(call.assistant_seq, call.call_id)] = (offset, len(data), result_is_error(record))
+
+    def _far_result(self, key: tuple[int, str]) -> dict[str, Any]:
+        offset, length, is_error = self._far.pop(key)
+        self._far_file.seek(offset)
+        text = self._far_file.read(length).decode("utf-8", "surrogatepass")
+        return {"output": text, "is_error": is_error}
+
+    # -- pass 2 --------------------------------------------------------------------------
+
+    def items(self) -> Iterator[dict[str, Any]]:
+        """The view's items in order, made while reading the records a second time."""
+        if self._memory is not None:
+            yield from self._memory.items
+            return
+        if self._read_twice:
+            raise RuntimeError("StreamedView.items() reads the records once")
+        self._read_twice = True
+        fmt = self.format
+        messages = _AnthropicMessages() if fmt == "anthropic" else None
+
+        def render(entry: UserEntry | SystemEntry | Exchange, ids: ViewIds) -> list[dict[str, Any]]:
+            if fmt == "openai":
+                return _openai_entry(entry, ids)
+            if fmt == "responses":
+                return _responses_entry(entry, ids)
+            assert messages is not None
+            return messages.add(entry, ids)
+
+        tracker = PendingCalls()
+        seqs, ns, agains = self._tape
+        tape = 0
+        waiting: dict[tuple[int, str], PairedCall] = {}  # calls of `held` whose result follows
+        held: tuple[Exchange, ViewIds] | None = None
+        count = 0
+        seq: Any = None
+        changed = SessionChanged("the records changed between the two passes of a streamed view")
+        for record in self._read():
+            if count == self._count:
+                raise changed
+            count += 1
+            type_, seq = _stream_envelope(record, count - 1)
+            if type_ == TOOL_RESULT:
+                call = tracker.feed(record)
+                if call is not None and waiting:
+                    pair = waiting.pop((call.assistant_seq, call.call_id), None)
+                    if pair is not None:
+                        pair.result, pair.result_seq = record, seq
+                        if not waiting:
+                            assert held is not None
+                            yield from render(*held)
+                            held = None
+                continue
+            tracker.feed(record)
+            if type_ not in _STREAM_TYPES:
+                continue
+            if waiting:
+                raise changed
+            if type_ == USER_MESSAGE:
+                yield from render(UserEntry(seq, None, record.get("content")), {})
+            elif type_ == SYSTEM_MESSAGE:
+                yield from render(SystemEntry(seq, None, record.get("content")), {})
+            else:
+                calls: list[PairedCall] = []
+                ids: ViewIds = {}
+                asked: set[str] = set()
+                for req in requested_calls(record.get("tool_calls")):
+                    if req.id in asked:
+                        continue
+                    n = len(asked)
+                    asked.add(req.id)
+                    pair = PairedCall(req.id, req.name, req.arguments)
+                    if tape < len(seqs) and seqs[tape] == seq and ns[tape] == n:
+                        view_id = f"call_{seq}_{n}" if agains[tape] == 1 else f"call_{seq}_{n}_{agains[tape]}"
+                        tape += 1
+                    else:
+                        view_id = req.id
+                    ids[id(pair)] = view_id
+                    key = (seq, req.id)
+                    if key in self._view_time:
+                        pair.result = self._view_time.pop(key)
+                    elif key in self._far:
+                        pair.result = self._far_result(key)
+                    else:
+                        waiting[key] = pair
+                    calls.append(pair)
+                exchange = Exchange(seq, None, None, record.get("content"), calls)
+                if waiting:
+                    held = (exchange, ids)
+                else:
+                    yield from render(exchange, ids)
+        if waiting or count != self._count or (count and seq != self._last_seq):
+            raise changed
+        if messages is not None:
+            yield from messages.end()
+
+
+def stream_view(read: Callable[[], Iterable[Mapping[str, Any]]], fmt: str) -> StreamedView:
+    """The ``fmt`` view of a session's records as :func:`project` makes it (the same
+    items, issues and system text), made in two passes: ``read()`` is called once now
+    (the pairing) and once more by :meth:`StreamedView.items` (the rendering), and must
+    yield the same records both times.
+
+    Memory: the call ids of the session (the pairing rules are about the whole
+    conversation), the results logged far from their calls (repair writes its results at
+    the end; their text goes to a temporary file), the calls left without a result, and
+    one assistant message with the results that follow it; never the whole session.
+    Records whose seqs are not increasing non-negative integers (not a log) are projected
+    in memory by :func:`project`. Raises what :func:`project` raises, and
+    :class:`SessionChanged` when the second pass reads other records."""
+    view = StreamedView(read, fmt)
+    try:
+        view._survey()
+    except _NotStreamable:
+        view.close()
+        view = StreamedView(read, fmt)
+        view._memory = project(read(), fmt)
+        view.system = view._memory.system
+    except BaseException:
+        view.close()
+        raise
+    return view
+
+
 # --- pairing checkers ------------------------------------------------------------------
 
 
 def check_pairing(
-    items: list[Mapping[str, Any]], fmt: str, *, server_calls: Collection[str] = ()
+    items: Iterable[Mapping[str, Any]], fmt: str, *, server_calls: Collection[str] = ()
 ) -> Violation | None:
     """The first tool-pairing violation in ``items`` (``fmt`` one of :data:`FORMATS`), or
     None when every call has exactly one result where the provider requires it.
@@ -358,40 +778,119 @@ def check_pairing(
       starts with one ``tool_result`` per ``tool_use`` and holds no other; a
       ``tool_result`` anywhere else is a violation.
 
-    An item that is not a JSON object is a violation in every format.
+    An item that is not a JSON object is a violation in every format (it is the one
+    named, wherever it is). ``items`` is read once, in order (any iterable: see
+    :class:`PairingCheck` for the checker fed one item at a time).
 
     Raises :class:`UnknownFormat` for an unknown ``fmt``."""
-    _check_format(fmt)
-    for index, item in enumerate(items):
+    check = PairingCheck(fmt, server_calls=server_calls)
+    for item in items:
+        check.feed(item)
+    return check.result()
+
+
+_ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def _blocks(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
+
+
+class PairingCheck:
+    """:func:`check_pairing` fed one item at a time: ``feed`` each item in order, then
+    ``result()``. It holds the call ids seen (the rules are about the whole conversation)
+    and at most three items (Anthropic's rules look at the message before and after),
+    never the conversation."""
+
+    __slots__ = ("format", "count", "_server_calls", "_first", "_nonobject", "_done", "_result",
+                 "_expected", "_owner", "_used", "_open", "_answered", "_prev", "_cur")
+
+    def __init__(self, fmt: str, *, server_calls: Collection[str] = ()) -> None:
+        _check_format(fmt)
+        self.format = fmt
+        self.count = 0
+        self._server_calls = server_calls
+        self._first: Violation | None = None  # the first violation of the format's rules
+        self._nonobject: Violation | None = None  # the first item that is not an object
+        self._done = False
+        self._result: Violation | None = None
+        self._expected: list[str] = []  # openai: call ids of the last assistant message still owed a tool message
+        self._owner = -1
+        self._used: dict[Any, int] = {}  # call id -> the message that asked for it (openai, anthropic)
+        self._open: dict[str, int] = {}  # responses: call id -> index of its unanswered function_call
+        self._answered: set[str] = set()
+        self._prev: Mapping[str, Any] | None = None  # anthropic: the two latest messages
+        self._cur: Mapping[str, Any] | None = None
+
+    def feed(self, item: Any) -> None:
+        """Account for the next item."""
+        if self._done:
+            raise RuntimeError("PairingCheck.feed after result()")
+        i = self.count
+        self.count += 1
+        if self._nonobject is not None:
+            return
         if not isinstance(item, Mapping):
-            return Violation(None, index, f"item {index} is not an object ({type(item).__name__})")
-    if fmt == "openai":
-        return _check_openai(items)
-    if fmt == "responses":
-        return _check_responses(items, server_calls)
-    return _check_anthropic(items)
+            self._nonobject = Violation(None, i, f"item {i} is not an object ({type(item).__name__})")
+            return
+        if self._first is not None:
+            return  # the first violation is known; only an item that is not an object would replace it
+        if self.format == "openai":
+            self._first = self._openai(i, item)
+        elif self.format == "responses":
+            self._first = self._responses(i, item)
+        else:
+            if self._cur is not None:
+                self._first = self._anthropic(i - 1, self._cur, self._prev, item)
+            self._prev, self._cur = self._cur, item
 
+    def watch(self, items: Iterable[Any]) -> Iterator[Any]:
+        """``items``, each fed to the check as it passes."""
+        for item in items:
+            self.feed(item)
+            yield item
 
-def _check_openai(items: list[Mapping[str, Any]]) -> Violation | None:
-    expected: list[str] = []  # call ids of the last assistant message still owed a tool message
-    owner = -1
-    used: dict[str, int] = {}  # call id -> the assistant message that asked for it
-    for i, item in enumerate(items):
-        role = item.get("role") if isinstance(item, Mapping) else None
+    def result(self) -> Violation | None:
+        """The first violation in the items fed (None: the pairing is valid). Ends the check."""
+        if not self._done:
+            self._done = True
+            self._result = self._nonobject or self._first or self._end()
+        return self._result
+
+    def _end(self) -> Violation | None:
+        if self.format == "openai":
+            expected = self._expected
+            if expected:
+                return Violation(expected[0], self.count, f"end of messages: call {expected[0]!r} of assistant "
+                                 f"message {self._owner} has no tool message")
+        elif self.format == "responses":
+            if self._open:
+                call_id, index = next(iter(self._open.items()))
+                return Violation(call_id, index, f"item {index}: function_call {call_id!r} has no "
+                                 "function_call_output")
+        elif self._cur is not None:
+            return self._anthropic(self.count - 1, self._cur, self._prev, None)
+        return None
+
+    def _openai(self, i: int, item: Mapping[str, Any]) -> Violation | None:
+        expected, used = self._expected, self._used
+        role = item.get("role")
         if role == "tool":
             call_id = item.get("tool_call_id")
             if call_id not in expected:
+                owner = self._owner
                 why = "duplicate or unrequested" if owner >= 0 else "no assistant message right before asked for it"
                 return Violation(call_id, i, f"message {i}: tool message for call {call_id!r} is {why}"
                                  + (f" (assistant message {owner})" if owner >= 0 else ""))
             expected.remove(call_id)
             if not isinstance(item.get("content"), (str, list)):
                 return Violation(call_id, i, f"message {i}: tool message for call {call_id!r} has no content")
-            continue
+            return None
         if expected:
-            return Violation(expected[0], i, f"message {i}: call {expected[0]!r} of assistant message {owner} "
-                             "has no tool message before it")
-        owner = -1
+            return Violation(expected[0], i, f"message {i}: call {expected[0]!r} of assistant message "
+                             f"{self._owner} has no tool message before it")
+        self._owner = -1
         if role == "assistant" and item.get("tool_calls"):
             calls = item["tool_calls"]
             seen: set[str] = set()
@@ -413,18 +912,12 @@ def _check_openai(items: list[Mapping[str, Any]]) -> Violation | None:
                 expected.append(call_id)
             for call_id in seen:
                 used[call_id] = i
-            owner = i
-    if expected:
-        return Violation(expected[0], len(items), f"end of messages: call {expected[0]!r} of assistant message "
-                         f"{owner} has no tool message")
-    return None
+            self._owner = i
+        return None
 
-
-def _check_responses(items: list[Mapping[str, Any]], server_calls: Collection[str]) -> Violation | None:
-    open_calls: dict[str, int] = {}  # call id -> index of its unanswered function_call
-    answered: set[str] = set()
-    for i, item in enumerate(items):
-        kind = item.get("type") if isinstance(item, Mapping) else None
+    def _responses(self, i: int, item: Mapping[str, Any]) -> Violation | None:
+        open_calls, answered, server_calls = self._open, self._answered, self._server_calls
+        kind = item.get("type")
         if kind == "function_call":
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
@@ -448,29 +941,18 @@ def _check_responses(items: list[Mapping[str, Any]], server_calls: Collection[st
             else:
                 why = "a second output" if call_id in answered else "no function_call before it"
                 return Violation(call_id, i, f"item {i}: function_call_output for {call_id!r} has {why}")
-    if open_calls:
-        call_id, index = next(iter(open_calls.items()))
-        return Violation(call_id, index, f"item {index}: function_call {call_id!r} has no function_call_output")
-    return None
+        return None
 
-
-def _blocks(message: Mapping[str, Any]) -> list[Any]:
-    content = message.get("content")
-    return content if isinstance(content, list) else []
-
-
-_ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
-
-
-def _check_anthropic(items: list[Mapping[str, Any]]) -> Violation | None:
-    used: dict[Any, int] = {}  # tool_use id -> the message that holds it
-    for i, message in enumerate(items):
-        role = message.get("role") if isinstance(message, Mapping) else None
-        blocks = _blocks(message) if isinstance(message, Mapping) else []
+    def _anthropic(self, i: int, message: Mapping[str, Any], prev: Mapping[str, Any] | None,
+                   nxt: Mapping[str, Any] | None) -> Violation | None:
+        """Message ``i``, judged with the one before it (``prev``) and after it (``nxt``)."""
+        used = self._used
+        role = message.get("role")
+        blocks = _blocks(message)
         if role == "assistant":
             uses = [b.get("id") for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
             if not uses:
-                continue
+                return None
             for use in uses:
                 if not isinstance(use, str) or not _ANTHROPIC_ID.fullmatch(use):
                     return Violation(use if isinstance(use, str) else None, i,
@@ -483,7 +965,6 @@ def _check_anthropic(items: list[Mapping[str, Any]]) -> Violation | None:
                     return Violation(use, i, f"message {i}: tool_use id {use!r} repeated "
                                      f"(message {used[use]} used it)")
                 used[use] = i
-            nxt = items[i + 1] if i + 1 < len(items) else None
             if nxt is None or nxt.get("role") != "user":
                 return Violation(uses[0], i, f"message {i}: tool_use {uses[0]!r} is not followed by a user "
                                  "message with its tool_result")
@@ -509,12 +990,11 @@ def _check_anthropic(items: list[Mapping[str, Any]]) -> Violation | None:
                     return Violation(res, i + 1, f"message {i + 1}: tool_result for {res!r}, which message {i} "
                                      "did not ask for")
         elif role == "user":
-            prev = items[i - 1] if i > 0 else None
-            asked = {b.get("id") for b in (_blocks(prev) if isinstance(prev, Mapping) and prev.get("role") == "assistant"
+            asked = {b.get("id") for b in (_blocks(prev) if prev is not None and prev.get("role") == "assistant"
                                             else []) if isinstance(b, Mapping) and b.get("type") == "tool_use"}
             for b in blocks:
                 if isinstance(b, Mapping) and b.get("type") == "tool_result" and b.get("tool_use_id") not in asked:
                     rid = b.get("tool_use_id")
                     return Violation(rid, i, f"message {i}: tool_result for {rid!r} answers no tool_use "
                                      "in the message before it")
-    return None
+        return None
