@@ -102,7 +102,8 @@ class ZstdFraming:
     def encode(self, lines: Sequence[bytes]) -> bytes:
         """One frame whose content is ``lines`` as JSONL. Raises InvalidEvent when the
         content exceeds the frame limit (what a reader would refuse)."""
-        content = b"\n".join(lines) + b"\n"
+        # One join makes the content (the trailing newline too): no second copy of the batch.
+        content = b"\n".join([*lines, b""]) if lines else b"\n"
         if len(content) > self.frame_limits.content:
             raise InvalidEvent(
                 f"batch of {len(content)} bytes exceeds the batch limit of {self.frame_limits.content} bytes; split it"
