@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import msgspec
 
 import sessionlog
+from sessionlog.events import Record, RecordError
 from sessionlog.extras import require
 
 require("agents", extra="agents", purpose="sessionlog.integrations.openai_agents")
@@ -101,29 +102,38 @@ def _copy_items(items: Sequence[Any]) -> list[Any]:
 # --- what an SDK item is, for the transcript -------------------------------------------
 
 
+def _is_map(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)  # items are dicts: no ABC check
+
+
 def _kind(item: Any) -> str:
     """``user``, ``model`` (part of a model response), ``output`` (a call's output) or
     ``other``."""
-    if not isinstance(item, Mapping):
+    if not _is_map(item):
         return "other"
     type_ = item.get("type")
-    role = item.get("role")
     if type_ in _OUTPUT_TYPES:
         return "output"
-    if type_ in _MODEL_ITEM_TYPES or (role == "assistant" and type_ in (None, "message")):
+    if type_ in _MODEL_ITEM_TYPES:
         return "model"
-    if role == "user" and type_ in (None, "message"):
-        return "user"
+    if type_ is None or type_ == "message":
+        role = item.get("role")
+        if role == "assistant":
+            return "model"
+        if role == "user":
+            return "user"
     return "other"
 
 
 def _call_id(item: Any) -> str | None:
-    call_id = item.get("call_id") if isinstance(item, Mapping) else None
-    return call_id if isinstance(call_id, str) else None
+    if not _is_map(item):
+        return None
+    call_id = item.get("call_id")
+    return call_id if type(call_id) is str or isinstance(call_id, str) else None
 
 
 def _is_call(item: Any) -> bool:
-    return isinstance(item, Mapping) and item.get("type") in _CALL_OUTPUT_TYPES and _call_id(item) is not None
+    return _is_map(item) and item.get("type") in _CALL_OUTPUT_TYPES and _call_id(item) is not None
 
 
 def _text(content: Any) -> str:
@@ -134,7 +144,7 @@ def _text(content: Any) -> str:
         parts = [
             part.get("text") if isinstance(part.get("text"), str) else part.get("refusal")
             for part in content
-            if isinstance(part, Mapping)
+            if _is_map(part)
         ]
         texts = [p for p in parts if isinstance(p, str)]
         if texts:
@@ -146,16 +156,19 @@ def _arguments(item: Mapping[str, Any]) -> dict[str, Any]:
     raw = item.get("arguments", item.get("input"))
     if isinstance(raw, str):
         try:
-            decoded = json.loads(raw)
-        except ValueError:
-            return {"arguments": raw}
+            decoded = _decode(raw)  # standard JSON: what json.loads gives, faster
+        except msgspec.DecodeError:
+            try:
+                decoded = json.loads(raw)  # what else json.loads takes (NaN, Infinity)
+            except ValueError:
+                return {"arguments": raw}
         return decoded if isinstance(decoded, dict) else {"arguments": decoded}
     return raw if isinstance(raw, dict) else ({} if raw is None else {"arguments": raw})
 
 
 def _identity(item: Any) -> str:
     """What makes two versions of an item the same item (call/output: type and call id)."""
-    if isinstance(item, Mapping):
+    if _is_map(item):
         call_id = _call_id(item)
         type_ = item.get("type")
         if call_id is not None and (type_ in _CALL_OUTPUT_TYPES or type_ in _OUTPUT_TYPES):
@@ -225,9 +238,11 @@ class Conversation:
     def turn(self) -> str:
         return f"t{self.turns}"
 
-    def feed(self, record: Mapping[str, Any]) -> None:
+    def feed(self, record: Mapping[str, Any], seq: int | None = None) -> None:
+        """Account for ``record`` (its ``seq``, or ``seq`` for an event just appended)."""
         type_ = record["type"]
-        seq = record["seq"]
+        if seq is None:
+            seq = record["seq"]
         self.last_seq = seq
         if type_ == "user/message":
             label = record.get("turn")
@@ -257,7 +272,7 @@ class Conversation:
             else:
                 types = {}
             for req in record.get("tool_calls") or ():
-                if isinstance(req, Mapping) and isinstance(req.get("id"), str) and req["id"] not in step.calls:
+                if _is_map(req) and isinstance(req.get("id"), str) and req["id"] not in step.calls:
                     step.calls[req["id"]] = _Call(
                         req["id"], str(req.get("name") or ""), types.get(req["id"], "function_call_output")
                     )
@@ -317,7 +332,7 @@ class Conversation:
 
     def _add(self, record: Mapping[str, Any]) -> None:
         if "item" in record:
-            self._note_provisional(record, record["seq"])
+            self._note_provisional(record, self.last_seq)
             self.items.append(record["item"])
 
     def _note_provisional(self, record: Mapping[str, Any], seq: int) -> None:
@@ -334,7 +349,7 @@ class Conversation:
     def _has_output(self, call_id: Any) -> bool:
         start = self.open_step.first_index if self.open_step is not None else 0
         return any(
-            isinstance(i, Mapping) and i.get("type") in _OUTPUT_TYPES and i.get("call_id") == call_id
+            _is_map(i) and i.get("type") in _OUTPUT_TYPES and i.get("call_id") == call_id
             for i in self.items[start:]
         )
 
@@ -449,6 +464,33 @@ class Conversation:
         events.append({"type": "tool/call", "turn": self.turn, "step": step, "call_id": call_id, "name": name})
         return events
 
+    def plan_local_tool_start(self, call_type: str, executed: set[str] | None) -> list[dict[str, Any]]:
+        """Records for a computer, shell, local shell or apply-patch tool about to run one of
+        the open step's calls of ``call_type``. The hook does not say which: the calls the
+        Runner marked executed (``executed``, from its run context) that are not started
+        yet; when that is unknown or names none of them, every such call not started yet
+        (a call recorded as started that did not start is answered TOOL_OUTCOME_UNKNOWN
+        after a crash, never the reverse)."""
+        step = self.open_step
+        if step is None:
+            return []
+        output_type = _CALL_OUTPUT_TYPES[call_type]
+        waiting = [c for c in step.calls.values() if c.output_type == output_type and not c.started and not c.answered]
+        chosen = [c for c in waiting if executed is not None and c.call_id in executed] or waiting
+        events: list[dict[str, Any]] = []
+        for call in chosen:
+            if call.awaiting:
+                events.append({"type": "tool/approval", "turn": self.turn, "step": step.step,
+                               "call_id": call.call_id, "state": "approved"})
+            events.append({"type": "tool/call", "turn": self.turn, "step": step.step, "call_id": call.call_id,
+                           "name": call.name})
+        return events
+
+    def output_type_of(self, call_id: str) -> str:
+        """The output item type the open step's call ``call_id`` asks for."""
+        call = self._call({"call_id": call_id})
+        return call.output_type if call is not None else "function_call_output"
+
     def plan_tool_end(self, call_id: str, name: str, item: Any) -> list[dict[str, Any]]:
         call = self._call({"call_id": call_id})
         if call is None or call.answered:
@@ -462,6 +504,38 @@ class Conversation:
         if step is not None and not step.unanswered():
             return [{"type": "step/end", "turn": step.turn, "step": step.step, "status": "completed"}]
         return []
+
+
+# The local tools whose hooks get the run context, not a ToolContext: the call item type
+# each runs, by class name (no import of classes an SDK version may not have).
+_LOCAL_TOOL_CALLS = {
+    "ComputerTool": "computer_call",
+    "LocalShellTool": "local_shell_call",
+    "ShellTool": "shell_call",
+    "ApplyPatchTool": "apply_patch_call",
+}
+
+
+def _local_call_type(tool: Any) -> str | None:
+    for cls in type(tool).__mro__:
+        call_type = _LOCAL_TOOL_CALLS.get(cls.__name__)
+        if call_type is not None:
+            return call_type
+    return None
+
+
+def _executed_call_ids(context: Any) -> set[str] | None:
+    """The call ids the Runner marked executed in ``context`` (it does so just before the
+    tool's hooks), or None where this SDK version does not keep them (a private record:
+    read defensively, never required)."""
+    invocations = getattr(context, "_tool_invocations", None)
+    if not isinstance(invocations, Mapping):
+        return None
+    try:
+        return {call_id for call_id, record in invocations.items()
+                if isinstance(call_id, str) and getattr(record, "executed", False) is True}
+    except Exception:  # pragma: no cover - a changed private structure
+        return None
 
 
 def _as_item(value: Any) -> Any:
@@ -478,7 +552,7 @@ def _output_text(item: Mapping[str, Any]) -> str:
 def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any], *,
                        carry: bool, provisional: bool = False) -> dict[str, Any]:
     texts = [_text(i.get("content")) for i in group
-             if isinstance(i, Mapping) and i.get("role") == "assistant" and i.get("content") is not None]
+             if _is_map(i) and i.get("role") == "assistant" and i.get("content") is not None]
     event: dict[str, Any] = {
         "type": "assistant/message",
         "turn": turn,
@@ -506,16 +580,19 @@ class _AddPlan:
         self.step = conv.open_step.copy() if conv.open_step is not None else None
         self.events: list[dict[str, Any]] = []
         pending = conv.items[conv.provisional_from:] if conv.provisional_from is not None else []
-        ids = {_identity(i) for i in pending}
         # The batch settles what the hooks wrote when it holds any of it: one record with
         # the batch as the Runner gave it replaces the hooks' versions (atomic everywhere).
-        self.carry = not (pending and any(_identity(i) in ids for i in batch))
+        if pending:
+            ids = {_identity(i) for i in pending}
+            self.carry = not any(_identity(i) in ids for i in batch)
+        else:
+            self.carry = True
         if not self.carry:
             self.events.append({"type": AGENTS_ITEMS, "items": batch, "replaces_from": conv.provisional_seq})
-        self.outputs = {_call_id(i) for i in batch if _kind(i) == "output"}
+        kinds = [_kind(i) for i in batch]
+        self.outputs = {_call_id(i) for i, kind in zip(batch, kinds) if kind == "output"}
         group: list[Any] = []
-        for item in batch:
-            kind = _kind(item)
+        for item, kind in zip(batch, kinds):
             if kind == "model":
                 group.append(item)
                 continue
@@ -626,7 +703,96 @@ class _AddPlan:
 _T = TypeVar("_T")
 _LOCAL_SCHEMES = frozenset({"jsonl", "zstd", "memory"})
 _FILE_SCHEMES = frozenset({"jsonl", "zstd"})  # a read from a seq scans from the start
-_WINDOW = 256  # records a partial replay reads first
+_WINDOW = 16  # records a partial replay reads first (then 4x as many, and so on)
+
+
+class _JsonlTail:
+    """The latest records of a JSONL session, read backwards from the end of its file
+    through the store's I/O seam, each validated as a scan would (it decodes as a record,
+    no longer than the record limit, the seqs run without a gap to the log's last one).
+    What was read is kept: asking for more reads only the bytes before it."""
+
+    _CHUNK = 64 << 10
+
+    def __init__(self, store: Any, session_id: str, end: int, last_seq: int) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._pos = end  # bytes before this offset are not read yet
+        self._carry = b""  # the start of the oldest line read, not yet complete
+        self._records: list[Any] = []  # validated, newest first
+        self._lines: list[bytes] = []  # read, complete, not decoded yet (oldest first)
+        self._last_seq = last_seq
+        self._limit = store.limits.record_limit
+        self._chunk = self._CHUNK
+        self._failed = False
+        self._started = False
+
+    def latest(self, n: int) -> list[Any] | None:
+        """The latest ``n`` records (all of them if the log holds fewer), oldest first;
+        None if they do not validate (the caller reads the log whole)."""
+        if not self._failed and len(self._records) < n:
+            try:
+                self._read_back(n)
+            except (OSError, sessionlog.SessionLogError):
+                self._failed = True
+        if self._failed:
+            return None
+        return self._records[:n][::-1]
+
+    def _read_back(self, n: int) -> None:
+        """Decode records (newest first) until ``n`` are taken or the header is."""
+        records = self._records
+        fd = None
+        try:
+            while len(records) < n and (not records or records[-1].seq > 1):
+                if not self._lines:
+                    if self._pos == 0:
+                        raise sessionlog.CorruptLog("the records do not reach back to seq 1")
+                    if fd is None:
+                        fd = self._store.open_read(self._session_id)
+                    self._read_chunk(fd)
+                    continue
+                self._take(self._lines.pop())
+        finally:
+            if fd is not None:
+                self._store.fs.close(fd)
+
+    def _read_chunk(self, fd: int) -> None:
+        """Read the bytes before those read so far: the complete lines they end go to
+        ``_lines`` (oldest first), the first one's start stays in ``_carry``."""
+        size = min(self._chunk, self._pos)
+        start = self._pos - size
+        data = self._store.fs.pread(fd, size, start)
+        if len(data) != size:
+            raise sessionlog.CorruptLog("the session file is shorter than its known end")
+        self._pos = start
+        self._chunk = min(self._chunk * 2, 8 << 20)
+        if self._started:
+            data += self._carry  # completes the oldest line read before
+        elif data.endswith(b"\n"):
+            data = data[:-1]
+            self._started = True
+        else:
+            raise sessionlog.CorruptLog("the session file does not end with a newline")
+        lines = data.split(b"\n")
+        # The first line may start before ``start``: kept until the next read.
+        self._carry = lines.pop(0) if start > 0 else b""
+        if len(self._carry) > self._limit:
+            raise sessionlog.CorruptLog("a record over the record limit")
+        self._lines = lines
+
+    def _take(self, line: bytes) -> None:
+        """Add the record ``line`` (the one before those taken)."""
+        if len(line) > self._limit:
+            raise sessionlog.CorruptLog("a record over the record limit")
+        try:
+            record = Record.from_line(line)
+        except RecordError as exc:
+            raise sessionlog.CorruptLog(f"a record does not decode: {exc.reason}") from None
+        expected = self._records[-1].seq - 1 if self._records else self._last_seq
+        if record.seq != expected:
+            raise sessionlog.CorruptLog(f"seq {record.seq} where {expected} was expected")
+        self._records.append(record)
 
 
 class SessionLogSession:
@@ -674,6 +840,7 @@ class SessionLogSession:
         scheme = sessionlog.scheme_of(self._store.url)
         self._offload = scheme not in _LOCAL_SCHEMES if offload is None else offload
         self._seekable = scheme not in _FILE_SCHEMES
+        self._scheme = scheme
         self._handle: sessionlog.SessionHandle | None = None
         self._conversation = Conversation()
         self._lock = threading.Lock()
@@ -693,7 +860,7 @@ class SessionLogSession:
             self._whole(limit if limit is not None and limit >= 0 else None)
             items = self._conversation.items
             if limit is not None and limit >= 0:
-                items = items[len(items) - limit:] if limit else []
+                items = items[-limit:] if limit else []
             return _copy_items(items)
 
         return await self._run(read)
@@ -758,9 +925,15 @@ class SessionLogSession:
         response_id = response.response_id
         await self._run(lambda: self._append(self._conversation.plan_response(items, response_id)))
 
-    async def _record_tool_start(self, context: RunContextWrapper[Any]) -> None:
+    async def _record_tool_start(self, context: RunContextWrapper[Any], tool: Any = None) -> None:
         if not isinstance(context, ToolContext):
-            return  # only function tools carry the call they run
+            # A computer, shell, local shell or apply-patch tool: the hook is not told
+            # which call starts, only the tool.
+            call_type = _local_call_type(tool)
+            if call_type is not None:
+                executed = _executed_call_ids(context)
+                await self._run(lambda: self._append(self._conversation.plan_local_tool_start(call_type, executed)))
+            return
         call = context.tool_call
         call_item = _copy_items([_as_item(call)])[0] if call is not None else None
         call_id, name = context.tool_call_id, context.tool_name
@@ -771,8 +944,9 @@ class SessionLogSession:
             return
         if context.tool_call is not None:
             item = ItemHelpers.tool_call_output_item(context.tool_call, result)
-        else:
-            item = {"type": "function_call_output", "call_id": context.tool_call_id, "output": str(result)}
+        else:  # a custom tool: its output item has the type its call asks for
+            item = {"type": self._conversation.output_type_of(context.tool_call_id), "call_id": context.tool_call_id,
+                    "output": str(result)}
         output = _copy_items([_as_item(item)])[0]
         call_id, name = context.tool_call_id, context.tool_name
         await self._run(lambda: self._append(self._conversation.plan_tool_end(call_id, name, output)))
@@ -832,24 +1006,35 @@ class SessionLogSession:
                 # The last writer died inside a step: answer its calls once, durably.
                 handle.close()
                 handle = store.session(sid, repair=True)
-                for record in handle.records(conversation.last_seq):
-                    conversation.feed(record)
+                latest = self._latest_records(handle)
+                added = handle.last_seq - conversation.last_seq
+                records = latest(added) if latest is not None else None
+                for record in records if records is not None else handle.records(conversation.last_seq):
+                    if record.seq > conversation.last_seq:
+                        conversation.feed(record)
         except BaseException:
             handle.close()
             raise
         self._handle, self._conversation = handle, conversation
 
-    def _replay(self, handle: sessionlog.SessionHandle) -> Conversation:
-        """The conversation the log holds. Where a read can start at a seq without reading
-        what is before it (SQL and memory stores), only the latest records are read, as
-        many as it takes to reach back to a user message; a file store is read whole."""
+    def _replay(self, handle: sessionlog.SessionHandle, enough: int | None = 0) -> Conversation:
+        """The conversation the log holds, with at least its latest ``enough`` items (None:
+        all of them). Where the store can give the latest records without reading what is
+        before them (SQL and memory: a read from a seq; JSONL: the file read backwards from
+        its end), only those are read, as many as it takes to reach back to a user message
+        and to hold ``enough`` items; otherwise (Zstd, or a tail that does not validate) the
+        log is read whole."""
         last = handle.last_seq
+        latest = self._latest_records(handle) if enough is not None else None
         window = _WINDOW
-        while self._seekable and window < last:
+        while latest is not None and window < last:
+            records = latest(window)
+            if records is None:
+                break  # the tail did not validate: the whole read says what is there
             conversation = Conversation(partial=True)
-            for record in handle.records(last - window):
+            for record in records:
                 conversation.feed(record)
-            if conversation.sufficient:
+            if conversation.sufficient and len(conversation.items) >= enough:  # type: ignore[operator]
                 return conversation
             window *= 4
         conversation = Conversation()
@@ -857,16 +1042,26 @@ class SessionLogSession:
             conversation.feed(record)
         return conversation
 
+    def _latest_records(self, handle: sessionlog.SessionHandle) -> Callable[[int], Any] | None:
+        """``latest(n)``: the log's latest ``n`` records in order (an iterable; None when
+        they cannot be read and validated), for a store that can read them without reading
+        the whole log; else None."""
+        if self._seekable:
+            last = handle.last_seq
+            return lambda n: handle.records(max(0, last - n))
+        store = self._store
+        end = getattr(handle, "end", None)
+        if self._scheme == "jsonl" and isinstance(end, int) and hasattr(store, "open_read"):
+            return _JsonlTail(store, self.session_id, end, handle.last_seq).latest
+        return None
+
     def _whole(self, enough: int | None) -> None:
         """Make sure the conversation holds at least its latest ``enough`` items (None:
-        all of them), reading the whole log if a partial replay holds fewer."""
+        all of them), reading more of the log if a partial replay holds fewer."""
         conversation = self._conversation
         if conversation.partial and (enough is None or enough > len(conversation.items)):
             assert self._handle is not None
-            whole = Conversation()
-            for record in self._handle.records():
-                whole.feed(record)
-            self._conversation = whole
+            self._conversation = self._replay(self._handle, enough)
 
     def _append(self, events: list[dict[str, Any]]) -> None:
         """Append ``events`` as one durable batch and account for them."""
@@ -874,9 +1069,9 @@ class SessionLogSession:
             return
         assert self._handle is not None
         last = self._handle.append(events)
-        first = last - len(events) + 1
-        for offset, event in enumerate(events):
-            self._conversation.feed({**event, "seq": first + offset})
+        feed = self._conversation.feed
+        for seq, event in enumerate(events, last - len(events) + 1):
+            feed(event, seq)
 
 
 class SessionLogRunHooks(RunHooks[Any]):
@@ -910,7 +1105,7 @@ class SessionLogRunHooks(RunHooks[Any]):
             await self.inner.on_handoff(context, from_agent, to_agent)
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
-        await self.session._record_tool_start(context)
+        await self.session._record_tool_start(context, tool)
         if self.inner is not None:
             await self.inner.on_tool_start(context, agent, tool)
 
