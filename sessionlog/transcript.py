@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from .contract import InvalidEvent
 from .events import (
     ASSISTANT_MESSAGE,
@@ -35,9 +37,6 @@ from .events import (
     requested_calls,
 )
 
-_TRACKED = frozenset(
-    {TURN_START, TURN_END, STEP_START, STEP_END, ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT, TOOL_APPROVAL}
-)
 _APPROVAL_STATES = frozenset({"requested", "approved", "rejected"})
 
 
@@ -46,6 +45,9 @@ def _key(value: Any) -> Any:
     if value is None or type(value) in (str, int, float, bool):
         return value
     return repr(value)
+
+
+_UNSET: Any = object()
 
 
 @dataclass(slots=True, eq=False)
@@ -92,7 +94,7 @@ class PendingCalls:
     ``open_turn``, ``open_step`` and ``step_turn`` seed an open turn and step (a live
     step scope that did not see them committed)."""
 
-    __slots__ = ("last_seq", "last_ts", "_turns", "_steps", "_calls", "_by_id")
+    __slots__ = ("last_seq", "last_ts", "_turns", "_steps", "_calls", "_by_id", "_last_turn_raw", "_last_turn")
 
     def __init__(self, open_turn: str | None = None, open_step: int | None = None,
                  step_turn: str | None = None) -> None:
@@ -102,6 +104,8 @@ class PendingCalls:
         self._steps: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # key -> (turn, step), in opening order
         self._calls: dict[PendingCall, None] = {}  # unanswered, in log order (by identity)
         self._by_id: dict[str, list[PendingCall]] = {}  # call id -> its unanswered calls, in log order
+        self._last_turn_raw: Any = None  # the latest turn member text decoded to a string ...
+        self._last_turn: Any = None  # ... and that string
         if open_turn is not None:
             self._turns[_key(open_turn)] = open_turn
         if open_step is not None:
@@ -170,84 +174,195 @@ class PendingCalls:
 
         Returns the call a ``tool/result`` answered (None for anything else, and for a
         result that answers no call still owed one). Only the members the transcript
-        needs are decoded (a Record decodes a member on lookup): a tool result's output
-        is never materialized."""
+        needs are decoded: a tool result's output is never materialized, a record of a
+        type the tracker ignores is not looked into, and a record read by the scanner
+        (its members split, undecoded) is followed on its members' JSON text where that
+        decides as much as their values would."""
+        if type(record) is not Record or record._members is None:  # type: ignore[attr-defined]
+            return self._feed_mapping(record)
+        # A scanned record: the rules of the mapping path below, on the members' JSON
+        # text (decoded only where the text does not decide), in one frame.
+        members: dict[str, Any] = record._members  # type: ignore[attr-defined]
+        type_ = record.type  # type: ignore[attr-defined]
+        self.last_seq = seq = record.seq  # type: ignore[attr-defined]
+        self.last_ts = record.ts  # type: ignore[attr-defined]
+        if type_ == TOOL_RESULT or type_ == TOOL_CALL:
+            by_id = self._by_id
+            if not by_id:
+                return None  # no call is owed a result: leave the record undecoded
+            raw = members.get("call_id")
+            if raw is None:
+                return None
+            try:
+                calls = by_id.get(_decode_str(raw))
+            except msgspec.ValidationError:  # not a string: names no call
+                return None
+            if not calls:
+                return None
+            if len(calls) == 1:  # the common case: one call owed a result under this id
+                call = calls[0]
+                if call.turn is not None:
+                    raw = members.get("turn")
+                    if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
+                        turn = _decode(raw)  # not the turn as its message wrote it: compare values
+                        if not (turn is None or turn == call.turn or _key(turn) == _key(call.turn)):
+                            return None
+            else:
+                call = self._match(record)
+                if call is None:
+                    return None
+            return self._settle(call, type_ == TOOL_RESULT, seq)
+        if type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
+            turn_raw = raw = members.get("turn")
+            if raw is not None and raw == self._last_turn_raw:
+                turn = self._last_turn
+            else:
+                turn = self._turn_text(raw)
+            raw = members.get("step")
+            step = None if raw is None else _decode(raw)
+            if type_ == ASSISTANT_MESSAGE:
+                raw = members.get("tool_calls")
+                if raw is None or raw == _NO_CALLS or raw == _NULL:
+                    requests: Iterable[Any] = ()
+                else:
+                    requests = _requests(raw)
+                self._asked(turn, step, turn_raw, requests)
+                return None
+            key = (turn if type(turn) is str else _key(turn), step if type(step) is int else _key(step))
+            if type_ == STEP_START:
+                self._steps[key] = (turn, step)
+            else:
+                self._steps.pop(key, None)
+            return None
+        if type_ == TURN_START:
+            raw = members.get("turn")
+            turn = None if raw is None else _decode(raw)
+            key = turn if type(turn) is str else _key(turn)
+            self._turns.pop(key, None)  # a turn started again is the latest
+            self._turns[key] = turn
+        elif type_ == TURN_END:
+            raw = members.get("turn")
+            turn = self._last_turn if raw is not None and raw == self._last_turn_raw else self._turn_text(raw)
+            self._end_turn(turn if type(turn) is str else _key(turn))
+        elif type_ == TOOL_APPROVAL and self._by_id:
+            raw = members.get("state")
+            state = None if raw is None else _decode(raw)
+            if _approval_state(state):
+                call = self._match(record)
+                if call is not None:
+                    call.approval, call.approval_seq = state, seq
+        return None
+
+    def _feed_mapping(self, record: Mapping[str, Any]) -> PendingCall | None:
+        """:meth:`feed` for a dict event or a Record without its members split."""
         if type(record) is Record:
             type_, seq, ts = record.type, record.seq, record.ts  # type: ignore[attr-defined]
         else:
             type_, seq, ts = record["type"], record["seq"], record["ts"]
         self.last_seq = seq
         self.last_ts = ts
-        if type_ == TOOL_RESULT or type_ == TOOL_CALL:
-            if not self._by_id:
-                return None  # no call is owed a result: leave the record undecoded
-            call = self._match(record)
-            if call is None:
-                return None
-            if type_ == TOOL_CALL:
-                if call.call_seq is None:
-                    call.call_seq = seq
-                return None
-            call.answered = True
-            del self._calls[call]
-            same = self._by_id[call.call_id]
-            if len(same) == 1:
-                del self._by_id[call.call_id]
-            else:
-                same.remove(call)
-            return call
-        if type_ not in _TRACKED:
-            return None
-        if type_ == ASSISTANT_MESSAGE:
-            turn_raw = record.raw_member("turn") if type(record) is Record else None
-            turn = self._turn_of(record)
-            step = record.get("step")
-            key = (_key(turn), _key(step))
-            if key not in self._steps and type(step) is int:
-                self._steps[key] = (turn, step)
-            asked: set[str] = set()
-            for req in requested_calls(record.get("tool_calls")):
-                if req.id in asked:
-                    continue  # repeated within one message: one call
-                asked.add(req.id)
-                call = PendingCall(req.id, req.name, turn, step, seq, turn_raw=turn_raw)
-                self._calls[call] = None
-                self._by_id.setdefault(req.id, []).append(call)
-        elif type_ == STEP_START:
-            turn = self._turn_of(record)
-            step = record.get("step")
-            self._steps[(_key(turn), _key(step))] = (turn, step)
-        elif type_ == STEP_END:
-            self._steps.pop((_key(self._turn_of(record)), _key(record.get("step"))), None)
-        elif type_ == TURN_START:
-            turn = record.get("turn")
-            self._turns.pop(_key(turn), None)  # a turn started again is the latest
-            self._turns[_key(turn)] = turn
-        elif type_ == TURN_END:
-            key = _key(self._turn_of(record))
-            self._turns.pop(key, None)
-            # A turn's end ends every step of it.
-            for step_key in [k for k in self._steps if k[0] == key]:
-                del self._steps[step_key]
-        elif type_ == TOOL_APPROVAL:
-            state = record.get("state")
-            if self._by_id and state in _APPROVAL_STATES:
-                call = self._match(record)
-                if call is not None:
-                    call.approval, call.approval_seq = state, seq
-        return None
+        on_record = _ON_RECORD.get(type_)
+        return None if on_record is None else on_record(self, record)
 
     def feed_all(self, records: Iterable[Mapping[str, Any]]) -> PendingCalls:
         for record in records:
             self.feed(record)
         return self
 
+    # The rules, on any mapping (a dict event, a Record without its members split).
+
     def _turn_of(self, record: Mapping[str, Any]) -> Any:
         turn = record.get("turn")
         return turn if turn is not None else self.open_turn
 
-    def _match(self, record: Mapping[str, Any]) -> PendingCall | None:
-        call_id = record.get("call_id")
+    def _tool_call(self, record: Mapping[str, Any]) -> None:
+        if self._by_id:  # else no call is owed one: leave the record undecoded
+            call = self._match(record)
+            if call is not None:
+                self._settle(call, False, self.last_seq)
+
+    def _tool_result(self, record: Mapping[str, Any]) -> PendingCall | None:
+        if not self._by_id:
+            return None
+        call = self._match(record)
+        return None if call is None else self._settle(call, True, self.last_seq)
+
+    def _settle(self, call: PendingCall, result: bool, seq: int) -> PendingCall | None:
+        """A ``tool/call`` (``result`` False) or ``tool/result`` matched ``call``."""
+        if not result:
+            if call.call_seq is None:
+                call.call_seq = seq
+            return None
+        call.answered = True
+        del self._calls[call]
+        same = self._by_id[call.call_id]
+        if len(same) == 1:
+            del self._by_id[call.call_id]
+        else:
+            same.remove(call)
+        return call
+
+    def _assistant_message(self, record: Mapping[str, Any]) -> None:
+        turn_raw = record.raw_member("turn") if type(record) is Record else None  # type: ignore[attr-defined]
+        turn = self._turn_of(record)
+        step = record.get("step")
+        self._asked(turn, step, turn_raw, requested_calls(record.get("tool_calls")))
+
+    def _asked(self, turn: Any, step: Any, turn_raw: Any, requests: Iterable[Any]) -> None:
+        """An ``assistant/message`` of ``turn`` and ``step`` asked for ``requests``
+        (entries with a string ``id`` and a ``name``, in order)."""
+        key = (_key(turn), _key(step))
+        if key not in self._steps and type(step) is int:
+            self._steps[key] = (turn, step)
+        asked: set[str] = set()
+        seq = self.last_seq
+        for req in requests:
+            call_id = req.id
+            if call_id in asked:
+                continue  # repeated within one message: one call
+            asked.add(call_id)
+            call = PendingCall(call_id, req.name, turn, step, seq, None, False, None, None, turn_raw)
+            self._calls[call] = None
+            same = self._by_id.get(call_id)
+            if same is None:
+                self._by_id[call_id] = [call]
+            else:
+                same.append(call)
+
+    def _step_start(self, record: Mapping[str, Any]) -> None:
+        turn = self._turn_of(record)
+        step = record.get("step")
+        self._steps[(_key(turn), _key(step))] = (turn, step)
+
+    def _step_end(self, record: Mapping[str, Any]) -> None:
+        self._steps.pop((_key(self._turn_of(record)), _key(record.get("step"))), None)
+
+    def _turn_start(self, record: Mapping[str, Any]) -> None:
+        turn = record.get("turn")
+        key = _key(turn)
+        self._turns.pop(key, None)  # a turn started again is the latest
+        self._turns[key] = turn
+
+    def _turn_end(self, record: Mapping[str, Any]) -> None:
+        self._end_turn(_key(self._turn_of(record)))
+
+    def _end_turn(self, key: Any) -> None:
+        self._turns.pop(key, None)
+        # A turn's end ends every step of it.
+        if self._steps:
+            for step_key in [k for k in self._steps if k[0] == key]:
+                del self._steps[step_key]
+
+    def _approval(self, record: Mapping[str, Any]) -> None:
+        state = record.get("state")
+        if self._by_id and _approval_state(state):
+            call = self._match(record)
+            if call is not None:
+                call.approval, call.approval_seq = state, self.last_seq
+
+    def _match(self, record: Mapping[str, Any], call_id: Any = _UNSET) -> PendingCall | None:
+        if call_id is _UNSET:
+            call_id = record.get("call_id")
         calls = self._by_id.get(call_id) if type(call_id) is str else None
         if not calls:
             return None
@@ -256,7 +371,7 @@ class PendingCalls:
             if call.turn is None:
                 return call
             if call.turn_raw is not None and type(record) is Record:
-                raw = record.raw_member("turn")
+                raw = record.raw_member("turn")  # type: ignore[attr-defined]
                 if raw is None or raw == call.turn_raw:  # the same turn, as written: no decoding
                     return call
             turn = record.get("turn")
@@ -276,6 +391,79 @@ class PendingCalls:
         step = _key(record.get("step"))
         in_step = [c for c in calls if _key(c.step) == step]
         return (in_step or calls)[-1]
+
+    # The same rules on a scanned record's members (``members``: name -> JSON text). A
+    # member is decoded only where its text does not decide: the turn a record names is
+    # compared as written with the latest turn text seen (one decoding per turn, not per
+    # record), a call id is decoded once, the requested calls' ids and names are decoded
+    # in one typed call that skips their arguments.
+
+    def _turn_text(self, raw: Any) -> Any:
+        """The turn a record's ``turn`` member (JSON text, or None when absent) names:
+        the latest turn open when it names none."""
+        if raw is not None:
+            if raw == self._last_turn_raw:
+                return self._last_turn
+            turn = _decode(raw)
+            if type(turn) is str:  # immutable: the same value serves every record of the turn
+                self._last_turn_raw = raw
+                self._last_turn = turn
+            if turn is not None:
+                return turn
+        return next(reversed(self._turns.values())) if self._turns else None
+
+
+def _approval_state(state: Any) -> bool:
+    """True for a ``tool/approval`` state the tracker follows (anything unhashable is not one)."""
+    try:
+        return state in _APPROVAL_STATES
+    except TypeError:
+        return False
+
+
+class _Requested(msgspec.Struct, gc=False):
+    """An entry of ``assistant/message.tool_calls`` as the tracker reads it (its
+    ``arguments`` are skipped, never built)."""
+
+    id: Any = None
+    name: Any = None
+
+
+_requests_decoder = msgspec.json.Decoder(list[_Requested])
+
+
+def _requests(raw: msgspec.Raw) -> list[Any]:
+    """The calls a ``tool_calls`` member (JSON text) asks for, as :func:`requested_calls`
+    reads them: entries with a string ``id``, a ``name`` ("" when not a string)."""
+    try:
+        requests = _requests_decoder.decode(raw)
+    except msgspec.ValidationError:  # not a list of objects: the general rule
+        return requested_calls(_decode(raw))
+    out = []
+    for r in requests:
+        if type(r.id) is str:
+            if type(r.name) is not str:
+                r.name = ""
+            out.append(r)
+    return out
+
+
+_decode = msgspec.json.Decoder().decode
+_decode_str = msgspec.json.Decoder(str).decode
+_NO_CALLS = msgspec.Raw(b"[]")
+_NULL = msgspec.Raw(b"null")
+
+# What each record type does to the tracker; a type not named here does nothing.
+_ON_RECORD = {
+    TOOL_CALL: PendingCalls._tool_call,
+    TOOL_RESULT: PendingCalls._tool_result,
+    ASSISTANT_MESSAGE: PendingCalls._assistant_message,
+    STEP_START: PendingCalls._step_start,
+    STEP_END: PendingCalls._step_end,
+    TURN_START: PendingCalls._turn_start,
+    TURN_END: PendingCalls._turn_end,
+    TOOL_APPROVAL: PendingCalls._approval,
+}
 
 
 def approval_event(
