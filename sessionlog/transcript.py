@@ -211,24 +211,35 @@ class PendingCalls:
                 call = self._match(record)
                 if call is None:
                     return None
-            return self._settle(call, type_ == TOOL_RESULT, seq)
+            if type_ == TOOL_CALL:
+                if call.call_seq is None:
+                    call.call_seq = seq
+                return None
+            call.answered = True
+            del self._calls[call]
+            if len(calls) == 1:
+                del by_id[call.call_id]
+            else:
+                calls.remove(call)
+            return call
         if type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
             turn_raw = raw = members.get("turn")
             if raw is not None and raw == self._last_turn_raw:
-                turn = self._last_turn
+                turn = turn_key = self._last_turn  # a string: its own key
             else:
                 turn = self._turn_text(raw)
+                turn_key = turn if type(turn) is str else _key(turn)
             raw = members.get("step")
             step = None if raw is None else _decode(raw)
+            key = (turn_key, step if type(step) is int else _key(step))
             if type_ == ASSISTANT_MESSAGE:
                 raw = members.get("tool_calls")
                 if raw is None or raw == _NO_CALLS or raw == _NULL:
-                    requests: Iterable[Any] = ()
+                    requests: list[Any] = []
                 else:
                     requests = _requests(raw)
-                self._asked(turn, step, turn_raw, requests)
+                self._asked(turn, step, key, turn_raw, requests)
                 return None
-            key = (turn if type(turn) is str else _key(turn), step if type(step) is int else _key(step))
             if type_ == STEP_START:
                 self._steps[key] = (turn, step)
             else:
@@ -306,26 +317,28 @@ class PendingCalls:
         turn_raw = record.raw_member("turn") if type(record) is Record else None  # type: ignore[attr-defined]
         turn = self._turn_of(record)
         step = record.get("step")
-        self._asked(turn, step, turn_raw, requested_calls(record.get("tool_calls")))
+        self._asked(turn, step, (_key(turn), _key(step)), turn_raw, requested_calls(record.get("tool_calls")))
 
-    def _asked(self, turn: Any, step: Any, turn_raw: Any, requests: Iterable[Any]) -> None:
-        """An ``assistant/message`` of ``turn`` and ``step`` asked for ``requests``
-        (entries with a string ``id`` and a ``name``, in order)."""
-        key = (_key(turn), _key(step))
-        if key not in self._steps and type(step) is int:
+    def _asked(self, turn: Any, step: Any, key: tuple[Any, Any], turn_raw: Any, requests: list[Any]) -> None:
+        """An ``assistant/message`` of ``turn`` and ``step`` (``key``: their keys) asked
+        for ``requests`` (entries with a string ``id`` and a ``name``, in order)."""
+        if type(step) is int and key not in self._steps:
             self._steps[key] = (turn, step)
+        if not requests:
+            return
         asked: set[str] = set()
         seq = self.last_seq
+        calls, by_id = self._calls, self._by_id
         for req in requests:
             call_id = req.id
             if call_id in asked:
                 continue  # repeated within one message: one call
             asked.add(call_id)
             call = PendingCall(call_id, req.name, turn, step, seq, None, False, None, None, turn_raw)
-            self._calls[call] = None
-            same = self._by_id.get(call_id)
+            calls[call] = None
+            same = by_id.get(call_id)
             if same is None:
-                self._by_id[call_id] = [call]
+                by_id[call_id] = [call]
             else:
                 same.append(call)
 
