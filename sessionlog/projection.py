@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import struct
 import tempfile
 from array import array
 from collections import Counter
@@ -376,6 +377,80 @@ def project(records: Iterable[Mapping[str, Any]], fmt: str) -> Projection:
     return Projection(fmt, items, issues, [c.call_id for c in calls], [ids[id(c)] for c in calls], system)
 
 
+_ENTRY = struct.Struct("<iq")  # a key's record in IdTable._keys: its length, its value, then its UTF-8
+
+
+class IdTable:
+    """Strings (call ids), each with an int, held compactly: every key's record (length,
+    value, UTF-8) in one bytearray and an open-addressing index of offsets into it, about
+    60 bytes a key where a dict of str to int takes about 150. Exact: keys are compared
+    byte for byte. No removal."""
+
+    __slots__ = ("_keys", "_index", "_mask", "_n")
+
+    def __init__(self, size: int = 1024) -> None:
+        size = 1 << max(0, size - 1).bit_length()  # a power of two
+        self._keys = bytearray()
+        self._mask = size - 1
+        self._index = array("q", [-1]) * size  # offset of a key's record; -1: an empty slot
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _slot(self, data: bytes, h: int) -> int:
+        """The slot of ``data`` (hash ``h``), or the empty slot where it would go."""
+        mask, index, keys, n = self._mask, self._index, self._keys, len(data)
+        i = h & mask
+        while True:
+            o = index[i]
+            if o < 0 or (_ENTRY.unpack_from(keys, o)[0] == n and keys[o + 12:o + 12 + n] == data):
+                return i
+            i = (i + 1) & mask
+
+    def get(self, key: str, default: int | None = None) -> int | None:
+        o = self._index[self._slot(key.encode("utf-8", "surrogatepass"), hash(key))]
+        return default if o < 0 else _ENTRY.unpack_from(self._keys, o)[1]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._index[self._slot(key.encode("utf-8", "surrogatepass"), hash(key))] >= 0
+
+    def __getitem__(self, key: str) -> int:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: str, value: int) -> None:
+        data = key.encode("utf-8", "surrogatepass")
+        h = hash(key)
+        i = self._slot(data, h)
+        o = self._index[i]
+        if o >= 0:
+            _ENTRY.pack_into(self._keys, o, len(data), value)
+            return
+        if (self._n + 1) * 3 > (self._mask + 1) * 2:  # at most 2/3 full
+            self._grow()
+            i = self._slot(data, h)
+        self._index[i] = len(self._keys)
+        self._keys += _ENTRY.pack(len(data), value)
+        self._keys += data
+        self._n += 1
+
+    def _grow(self) -> None:
+        size = (self._mask + 1) * 2
+        self._mask = size - 1
+        self._index = index = array("q", [-1]) * size
+        keys, mask, o, end = self._keys, size - 1, 0, len(self._keys)
+        while o < end:  # every record, in the order added
+            n = _ENTRY.unpack_from(keys, o)[0]
+            i = hash(keys[o + 12:o + 12 + n].decode("utf-8", "surrogatepass")) & mask
+            while index[i] >= 0:
+                i = (i + 1) & mask
+            index[i] = o
+            o += 12 + n
+
+
 # --- streamed views --------------------------------------------------------------------
 # The same view in two passes over the records, holding call ids and positions, never the
 # records: the first pass runs the pairing (the one tracker) and learns which calls get a
@@ -517,7 +592,7 @@ class StreamedView:
         issues = self._issues
         # call id -> its latest call: (assistant seq << 2), or (result seq << 2) | 2 once
         # answered; | 1 once the view used the id as it is.
-        seen: dict[str, int] = {}
+        seen = IdTable()
         last_assistant: int | None = None  # seq of the latest message, when it is an assistant message
         system_content: Any = None
         prev = -1
@@ -587,7 +662,7 @@ class StreamedView:
         if self.format == "anthropic" and self._system_seqs:
             self.system = _system_text(system_content)
 
-    def _name(self, seq: int, n: int, call_id: str, seen: dict[str, int]) -> None:
+    def _name(self, seq: int, n: int, call_id: str, seen: IdTable) -> None:
         """Call ``n`` of assistant message ``seq``: its view id (see :func:`view_ids`), and
         the id's latest call from now on."""
         state = seen.get(call_id)
@@ -797,6 +872,26 @@ def _blocks(message: Mapping[str, Any]) -> list[Any]:
     return content if isinstance(content, list) else []
 
 
+class _Answered:
+    """The call ids a Responses input answered: an IdTable, and a set for whatever else
+    ``server_calls`` held."""
+
+    __slots__ = ("ids", "other")
+
+    def __init__(self) -> None:
+        self.ids = IdTable()
+        self.other: set[Any] = set()
+
+    def __contains__(self, call_id: Any) -> bool:
+        return call_id in self.ids if isinstance(call_id, str) else call_id in self.other
+
+    def add(self, call_id: Any) -> None:
+        if isinstance(call_id, str):
+            self.ids[call_id] = 0
+        else:
+            self.other.add(call_id)
+
+
 class PairingCheck:
     """:func:`check_pairing` fed one item at a time: ``feed`` each item in order, then
     ``result()``. It holds the call ids seen (the rules are about the whole conversation)
@@ -817,9 +912,9 @@ class PairingCheck:
         self._result: Violation | None = None
         self._expected: list[str] = []  # openai: call ids of the last assistant message still owed a tool message
         self._owner = -1
-        self._used: dict[Any, int] = {}  # call id -> the message that asked for it (openai, anthropic)
+        self._used = IdTable()  # call id -> the message that asked for it (openai, anthropic)
         self._open: dict[str, int] = {}  # responses: call id -> index of its unanswered function_call
-        self._answered: set[str] = set()
+        self._answered = _Answered()
         self._prev: Mapping[str, Any] | None = None  # anthropic: the two latest messages
         self._cur: Mapping[str, Any] | None = None
 

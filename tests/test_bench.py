@@ -71,11 +71,13 @@ def _check_document(doc: dict[str, Any]) -> None:
         if target["verdict"] in ("PASS", "MISS"):
             assert target["ratio"] is not None and target["ratio"] >= 0
     ids = {t["id"] for t in doc["targets"]}
-    assert {"jsonl-append-1", "jsonl-append-64", "jsonl-append-1024", "jsonl-scan", "scan-memory"} <= ids
+    assert {"jsonl-append-1", "jsonl-append-64", "jsonl-append-1024", "jsonl-scan", "scan-memory",
+            "show-memory"} <= ids
     memory = doc["memory"]
     assert memory["exit_code"] == 0 and memory["status"] == "clean"
     assert memory["scanned_records"] == memory["log_records"] > 1
     assert memory["peak_rss_bytes"] > 0 and memory["baseline_rss_bytes"] > 0
+    assert memory["show"]["exit_code"] == 0 and memory["show"]["peak_rss_bytes"] > 0
 
 
 def test_smoke_run_through_the_cli_prints_the_document_and_cleans_up(tmp_path, capsys) -> None:

@@ -27,4 +27,6 @@ def test_show_check_of_a_large_log_holds_far_less_than_the_log(tmp_path: Path) -
     assert code == 0, err[-2000:]
     assert "pairing violation" not in err
     growth = rss - rss_small
-    assert growth < nbytes / 4, (growth, rss, rss_small, nbytes, records)  # in memory: about 3.5x
+    # The in-memory view grew by about 3.5x the log (140 MB here); streamed, the growth is
+    # about the scan's own (a few MB) plus the call ids.
+    assert growth < nbytes / 4, (growth, rss, rss_small, nbytes, records)
