@@ -19,9 +19,12 @@ owner to let go; 0 by default), and the next event tries to own it again.
 
 **Where writes run.** A write runs in a worker thread (a sync blocks), except when it
 is the only write the writer has to do (one producer's events, no other write in
-flight, the session already owned): then it runs inline on the event loop, which costs
-what a direct durable append costs and no thread hop. ``inline=False`` always uses a
-thread (the loop is then never blocked by a sync).
+flight, the session already owned): then ``await append()`` writes it inline, in the
+producer's own task, after one turn of the loop that lets producers ready at the same
+moment queue behind it (then they are all written together, the common way). A lone
+append costs a direct durable append plus that one turn: no thread hop, no task, the
+same system calls but one ``epoll_wait``. ``inline=False`` always uses a thread (the
+loop is then never blocked by a sync).
 
 Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever raised:
 
@@ -51,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import types
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,6 +154,9 @@ class WriteBehind:
         if group_commit is None:
             group_commit = callable(getattr(store, "append_group", None))
         self.group_commit = group_commit
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accepted = 0  # events accepted so far (a lone append sees whether others came)
+        self._lone_waiting = False  # a lone append is yielding before it writes inline
         self._ready: dict[_Lane, None] = {}  # group commit: sessions with events to write, in order
         self._group_task: asyncio.Task[None] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
@@ -168,6 +175,13 @@ class WriteBehind:
         when the events cannot be encoded (not mappings, not serializable, nested too
         deep) or are larger than a batch; the session's failure while it is paused or
         stopped."""
+        lane, pending = self._accept(session_id, events, expect_seq)
+        self._start(lane)
+        return pending.future
+
+    def _accept(self, session_id: str, events: Sequence[Mapping[str, Any]],
+                expect_seq: int | None) -> tuple[_Lane, _Pending]:
+        """Queue the events (what :meth:`submit` does but start writing them)."""
         if self._closing:
             raise StoreClosed("write-behind is closing: no new events are accepted")
         lane = self._lanes.get(session_id)
@@ -176,16 +190,19 @@ class WriteBehind:
         failure = lane.dead or lane.paused
         if failure is not None:
             raise failure
-        batch = events_list(events)
+        batch = events.copy() if type(events) is list else events_list(events)
         nbytes = _encoded_size(batch)
         if nbytes > self.max_batch_bytes:
             raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
                                f"({self.max_batch_bytes} bytes); split them")
-        pending = _Pending(batch, nbytes, asyncio.get_running_loop().create_future(), expect_seq)
+        loop = self._loop
+        if loop is None or not loop.is_running():  # one get_running_loop (a getpid) per loop, not per event
+            loop = self._loop = asyncio.get_running_loop()
+        pending = _Pending(batch, nbytes, loop.create_future(), expect_seq)
         lane.queue.append(pending)
         lane.last = pending
-        self._start(lane)
-        return pending.future
+        self._accepted += 1
+        return lane, pending
 
     async def append(self, session_id: str, events: Sequence[Mapping[str, Any]], *,
                      expect_seq: int | None = None) -> int:
@@ -194,9 +211,53 @@ class WriteBehind:
         Raises what :meth:`submit` raises, and why the events were not written
         (InvalidEvent, SequenceConflict, SessionLocked, AppendFailed...): then they never
         will be."""
-        future = self.submit(session_id, events, expect_seq=expect_seq)
-        self._lanes[session_id].last.awaited = True  # type: ignore[union-attr]
-        return await future
+        lane, pending = self._accept(session_id, events, expect_seq)
+        pending.awaited = True
+        if self._lone(lane, pending):
+            # Maybe the writer's only write: yield once (a bare yield, no task, no
+            # future callback) so that producers ready now can queue behind it. If none
+            # did and nothing else started, write it here, inline: a direct append plus
+            # one turn of the loop. Otherwise it goes the common way, with the others.
+            accepted = self._accepted
+            self._lone_waiting = True  # producers arriving meanwhile go the common way
+            try:
+                await _yield_once()
+            except BaseException:
+                pending.future.cancel()
+                self._start(lane)  # still queued: written as a cancelled submit() is
+                raise
+            finally:
+                self._lone_waiting = False
+            if self._accepted == accepted and self._lone(lane, pending):
+                return self._write_lone(lane, pending)
+        self._start(lane)
+        return await pending.future
+
+    def _write_lone(self, lane: _Lane, pending: _Pending) -> int:
+        """Write ``pending`` (alone in the queue, nothing in flight) here, on the loop;
+        settled as :meth:`_write_next` settles a batch of one."""
+        lane.queue.popleft()
+        try:
+            last = self._write_sync(lane, pending.events, pending.expect_seq)
+        except (SequenceConflict, InvalidEvent) as exc:
+            _refuse(pending, exc)
+        except BaseException as exc:
+            self._failed(lane, [pending], exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            pending.future.set_result(last)
+            if pending.barriers:
+                _wake(pending.barriers)
+            return last
+        return pending.future.result()  # raises why it was not written
+
+    def _lone(self, lane: _Lane, pending: _Pending) -> bool:
+        """``pending`` is all the writer has to write and can be written inline now."""
+        return (self.inline and not self._lone_waiting and self.max_delay <= 0 and self._in_flight == 0
+                and lane.handle is not None
+                and lane.task is None and self._group_task is None and len(lane.queue) == 1
+                and lane.queue[0] is pending and lane.paused is None and lane.dead is None)
 
     def session(self, session_id: str) -> WriterSession:
         """An appender for one session through this writer (what a
@@ -235,9 +296,15 @@ class WriteBehind:
         if self.group_commit:
             self._ready[lane] = None
             if self._group_task is None:
-                self._group_task = asyncio.get_running_loop().create_task(self._drain_groups())
+                self._group_task = self._task(self._drain_groups())
         elif lane.task is None:
-            lane.task = asyncio.get_running_loop().create_task(self._drain(lane))
+            lane.task = self._task(self._drain(lane))
+
+    def _task(self, coro: Any) -> asyncio.Task[None]:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop.create_task(coro)
 
     async def _drain(self, lane: _Lane) -> None:
         try:
@@ -632,6 +699,12 @@ def _as_error(exc: BaseException) -> SessionLogError:
     failure = AppendFailed(f"write failed: {type(exc).__name__}: {exc}")
     failure.__cause__ = exc
     return failure
+
+
+@types.coroutine
+def _yield_once() -> Iterator[None]:
+    """Let the loop run what is ready (``asyncio.sleep(0)`` without its lookups)."""
+    yield
 
 
 async def _settled(task: asyncio.Future[Any]) -> None:
