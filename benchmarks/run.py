@@ -63,6 +63,8 @@ def _order(case: Case) -> tuple[int, int]:
             "repair": 7}
     if case.group in ("ceiling", "append", "peer"):
         return ({1: 0, 64: 1, 1024: 2}.get(batch, 3), rank[case.group])
+    if case.group == "write-behind" and case.meta.get("producers") == 1:
+        return (0, rank["append"])  # right after the direct batch-1 append it is compared with
     return (3 + rank.get(case.group, 9), 0)
 
 
