@@ -54,11 +54,10 @@ from sessionlog.durable import (
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
-    RecordError,
     header_event,
     valid_session_id,
 )
-from sessionlog.scan import DEFAULT_LIMITS, Limits, encode_batch
+from sessionlog.scan import DEFAULT_LIMITS, Limits, encode_batch, encode_block
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 from sessionlog.writer import WriteBehind
 
@@ -268,18 +267,8 @@ class FileSession:
                 )
             if not batch:
                 return self._last_seq
-            lines = self.store.encode_batch(batch, self._last_seq + 1)
-            data = self.store.framing.encode(lines)
-            if len(data) > self.store.limits.batch_limit:
-                raise InvalidEvent(
-                    f"batch of {len(data)} bytes exceeds the batch limit of "
-                    f"{self.store.limits.batch_limit} bytes; split it"
-                )
-            try:
-                last_ts = Record.from_line(lines[-1]).ts
-            except RecordError as exc:  # pragma: no cover - encode_batch reads its lines back
-                raise InvalidEvent(f"the batch does not read back: {exc.reason}") from None
-            return self._write(data, len(lines), last_ts)
+            data, n, last_ts = self.store.encode_framed(batch, self._last_seq + 1)
+            return self._write(data, n, last_ts)
 
     def _write(self, data: bytes, n: int, last_ts: float) -> int:
         """Write one encoded batch durably. Nothing after the sync can fail."""
@@ -422,16 +411,35 @@ class FileStore:
         """Record lines for ``events`` with seq from ``first_seq``, within the limits."""
         return encode_batch(events, first_seq, self.limits)
 
+    def encode_framed(self, events: Sequence[Mapping[str, Any]], first_seq: int) -> tuple[bytes, int, float]:
+        """The bytes one append of ``events`` (seq from ``first_seq``) adds to a log in
+        this store's framing, the number of records and the last record's ``ts``. Raises
+        InvalidEvent for an event at fault or a batch over the batch limit.
+
+        A framing with ``encode_block`` (JSONL) takes the batch's JSONL bytes as they
+        were encoded, without a copy; any other is given the record lines."""
+        block, n, last_ts = encode_block(events, first_seq, self.limits)
+        framing = self.framing
+        encode_block_ = getattr(framing, "encode_block", None)
+        if encode_block_ is not None:
+            data = encode_block_(block)
+        else:
+            lines = block.split(b"\n")
+            lines.pop()
+            data = framing.encode(lines)
+        if len(data) > self.limits.batch_limit:
+            raise InvalidEvent(
+                f"batch of {len(data)} bytes exceeds the batch limit of {self.limits.batch_limit} bytes; split it"
+            )
+        return data, n, last_ts
+
     # -- the contract ------------------------------------------------------------------
 
     def create(self, session_id: str, events: Sequence[Mapping[str, Any]] = ()) -> int:
         """Publish a new session: header (seq 1) and ``events``, durable on return."""
         self.check_id(session_id)
         batch = [header_event(session_id), *events_list(events)]
-        lines = self.encode_batch(batch, 1)
-        data = self.framing.encode(lines)
-        if len(data) > self.limits.batch_limit:
-            raise InvalidEvent(f"first batch of {len(data)} bytes exceeds the batch limit")
+        data, n, _ = self.encode_framed(batch, 1)
         self._tails.pop(session_id, None)
         try:
             publish_new(self.fs, self.directory, self.file_name(session_id), [data])
@@ -439,7 +447,7 @@ class FileStore:
             raise SessionExists(f"{self.path_of(session_id)}: session {session_id!r} already exists") from None
         except OSError as exc:
             raise IOFailure(f"{self.path_of(session_id)}: create failed: {exc.strerror or exc}") from exc
-        return len(lines)
+        return n
 
     def import_session(self, session_id: str, records: Iterable[Record]) -> int:
         """Publish a new session of exactly ``records`` (bytes verbatim), all or nothing:

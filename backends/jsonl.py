@@ -26,6 +26,11 @@ class JsonlFraming:
     def encode(self, lines: Sequence[bytes]) -> bytes:
         return b"\n".join(lines) + b"\n"
 
+    def encode_block(self, block: bytes) -> bytes:
+        """The bytes appended for a batch already encoded as JSONL (each record line
+        ending in a newline): the block itself, not copied."""
+        return block
+
     def scan(
         self, read: Callable[[int], bytes], *, session_id: str | None, where: str, limits: Limits, owned: bool
     ) -> LineScan:

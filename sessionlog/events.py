@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import accumulate
-from typing import Any, Final, TypeVar
+from itertools import accumulate, chain, compress, count, repeat
+from operator import attrgetter, not_
+from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
@@ -430,7 +431,7 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
         event_ts = time.time() if ts is None else ts
     elif type(event_ts) is not float and (isinstance(event_ts, bool) or not isinstance(event_ts, (int, float))):
         raise RecordError("'ts' must be a finite number of seconds since the epoch")
-    elif not math.isfinite(event_ts):
+    elif not _finite(event_ts):
         raise RecordError("'ts' must be a finite number of seconds since the epoch")
     # The event's own members keep their order after the envelope; "type" and "ts" keep
     # their envelope position (a repeated key in a dict display updates the first slot).
@@ -452,6 +453,18 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
     return line
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_STR = frozenset({str})
+
+
+def _finite(number: int | float) -> bool:
+    """True when ``number`` is finite as a float (an int too large for one is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def encode_records(
     events: Sequence[Mapping[str, Any]], first_seq: int, *, record_limit: int, now: float | None = None
 ) -> list[bytes]:
@@ -463,53 +476,143 @@ def encode_records(
     naming the first event at fault (not an event, no type, ``seq`` set, not
     serializable, too deep, a ``msgspec.Raw`` that is not one line of JSON, longer than
     ``record_limit`` bytes); never RecursionError."""
+    block, n, _ = encode_block(events, first_seq, record_limit=record_limit, now=now)
+    lines = block.split(b"\n")
+    lines.pop()
+    assert len(lines) == n  # every line is proven to be one line
+    return lines
+
+
+def encode_block(
+    events: Sequence[Mapping[str, Any]], first_seq: int, *, record_limit: int, now: float | None = None
+) -> tuple[bytes, int, float]:
+    """:func:`encode_records` as one block of bytes, each record line ending in a newline
+    (the JSONL bytes of the batch, built once), with the number of records and the
+    ``ts`` of the last one. Same rules, same bytes, same errors."""
     when = time.time() if now is None else now
-    nested = False
-    for event in events:
-        # The hot path takes dict events with a non-empty string type, string keys, and
-        # no seq or ts of their own; anything else takes the general path, which names
-        # the problem.
-        type_ = event.get("type") if type(event) is dict else None
-        if (
-            type(type_) is not str
-            or not type_
-            or "seq" in event
-            or "ts" in event
-            or not _STR.issuperset(map(type, event))
-        ):
-            return _encode_each(events, first_seq, when, record_limit)
-        if not nested and not _SCALARS.issuperset(map(type, event.values())):
-            nested = True
-    # The hot path: one encoder call for the whole batch, then the envelope spliced in
-    # front of each event's members.
+    n = len(events)
+    block = _encode_fast(events, first_seq, when)
+    if block is None:
+        lines = _encode_each(events, first_seq, when, record_limit)
+        block = b"\n".join(lines) + b"\n" if lines else b""
+        last_ts = _envelope_decoder.decode(lines[-1]).ts if lines else when
+        return block, n, last_ts
+    if len(block) - n > record_limit:  # some line may be over: measure each
+        lines = block.split(b"\n")
+        lines.pop()
+        _checked(lines, record_limit, nested=False)
+    if not n:
+        return block, 0, when
+    last_ts = events[-1].get("ts", when)
+    return block, n, last_ts if type(last_ts) is float else float(last_ts)
+
+
+_FINITE = msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)
+
+
+class _Fresh(msgspec.Struct, gc=False):
+    """What the batch fast path asks of each event, checked in one C-level pass
+    (``msgspec.convert``): string keys (exactly ``str``), a non-empty string ``type``,
+    no ``seq``, and if it has a ``ts``, a finite int or float. The rest of each event
+    is not looked at here."""
+
+    type: Annotated[str, msgspec.Meta(min_length=1)]
+    ts: Annotated[float, _FINITE] = 0.0
+    seq: msgspec.UnsetType = msgspec.UNSET
+
+
+_FRESH = list[_Fresh]
+_DICT = frozenset({dict})
+_SEQUENCES = frozenset({list, tuple})
+_type_of = attrgetter("type")
+_is_scalar = _SCALARS.__contains__
+
+
+def _encode_fast(events: Sequence[Mapping[str, Any]], first_seq: int, when: float) -> bytes | None:
+    """The batch's record lines, each ending in a newline, exactly as :func:`_encode_each`
+    writes them; None when the batch is not one this path takes (the exact path then
+    encodes it, or names the event at fault). Raises RecordError only for a batch the
+    exact path refuses too.
+
+    The path takes plain ``dict`` events that pass :class:`_Fresh` with an exact ``str``
+    type. Each record is the exact path's body (``seq``, ``ts``, ``type``, then the
+    event's members in order), all encoded in one call. The encoder then wrote every
+    byte itself but the shared ``ts``, unless a value is a ``msgspec.Raw``: a batch
+    whose values are JSON scalars (exact types), dicts, lists and tuples nested at most
+    ``MAX_DEPTH`` deep (counted on the objects) is records by construction; any other
+    batch is proven on its bytes."""
+    if not _DICT.issuperset(map(type, events)):
+        return None
     try:
-        data = _with_room(_encoder.encode_lines, events)
-    except RecursionError:
-        return _encode_each(events, first_seq, when, record_limit)  # names the deep event
-    except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
-        for i, event in enumerate(events):
-            try:
-                _encoder.encode(event)
-            except (TypeError, msgspec.EncodeError, OverflowError, ValueError) as exc:
-                raise RecordError(f"event {i} of the batch is not JSON-serializable: {exc}") from None
-        raise  # pragma: no cover
+        msgspec.convert(events, _FRESH)
+    except (msgspec.ValidationError, OverflowError, TypeError):
+        return None
+    # A repeated key in a dict display keeps its first slot: "ts" stays second and "type"
+    # third whatever their place in the event. The shared ts is encoded once (what the
+    # encoder writes for ``when``, copied verbatim); an event's own ts replaces it.
+    shared_ts = msgspec.Raw(_encoder.encode(when))
+    bodies = [{"seq": seq, "ts": shared_ts, "type": None, **event} for seq, event in zip(count(first_seq), events)]
+    try:
+        block = _with_room(_encoder.encode_lines, bodies)
+    except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        return None
+    # Every value an exact scalar (the type among them: an exact str), or containers of
+    # what the encoder writes itself, not too deep.
+    if _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, events)))) or _plain(events):
+        return block
+    if not _STR.issuperset(map(type, map(dict.get, events, repeat("type")))):
+        return None  # a str subclass as type: the exact path refuses it
     # JSON escapes every line break inside a string: only a msgspec.Raw can hold one.
-    if nested and (data.count(b"\n") != len(events) or b"\r" in data):
-        return _encode_each(events, first_seq, when, record_limit)  # names the event
-    members = data.split(b"\n")
-    members.pop()
-    ts_member = b',"ts":' + _encoder.encode(when) + b","
-    lines = [b'{"seq":%d%b%b' % (seq, ts_member, m[1:]) for seq, m in enumerate(members, first_seq)]
-    if nested and _verbatim_free(events):
+    if block.count(b"\n") != len(events) or b"\r" in block:
+        return None
+    if _verbatim_free(events):
         # The encoder wrote every byte itself: each line is one compact object with the
         # event's unique keys; what remains is the depth, counted on the bytes.
-        _checked(lines, record_limit, nested=False)
-        deep = _first_too_deep(data, len(events))
+        deep = _first_too_deep(block, len(events))
         if deep is not None:
             raise RecordError(f"event {deep} of the batch does not read back as a record: "
                               f"nested deeper than {MAX_DEPTH}")
-        return lines
-    return _checked(lines, record_limit, nested=nested)
+        return block
+    lines = block.split(b"\n")
+    lines.pop()
+    bad = unreadable(lines)
+    if bad is not None:
+        raise RecordError(f"event {bad[0]} of the batch does not read back as a record: {bad[1]}")
+    return block
+
+
+def _plain(events: Sequence[dict[str, Any]]) -> bool:
+    """True when each member of ``events`` (depth 2 in its record) is a JSON scalar
+    (exactly str, int, float, bool or None), or a dict, list or tuple of such values,
+    nested at most ``MAX_DEPTH`` deep in all: what the encoder writes itself, byte by
+    byte, as one compact line. False otherwise (a ``msgspec.Raw``, a subclass, any
+    other type, or too deep): the caller proves such a batch another way.
+
+    Walks the containers level by level; the scalars of each level are passed over by
+    C-level filters."""
+    values = list(chain.from_iterable(map(dict.values, events)))
+    depth = 1
+    while True:
+        containers = list(compress(values, map(not_, map(_is_scalar, map(type, values)))))
+        if not containers:
+            return True
+        depth += 1
+        if depth > MAX_DEPTH:
+            return False
+        kinds = set(map(type, containers))
+        if kinds == _DICT:
+            values = list(chain.from_iterable(map(dict.values, containers)))
+        elif _SEQUENCES.issuperset(kinds):
+            values = list(chain.from_iterable(containers))
+        elif _DICT_OR_SEQUENCE.issuperset(kinds):
+            values = []
+            for container in containers:
+                values.extend(container.values() if type(container) is dict else container)
+        else:
+            return False
+
+
+_DICT_OR_SEQUENCE = _DICT | _SEQUENCES
 
 
 class _Verbatim(Exception):
@@ -559,9 +662,6 @@ def _encode_each(
             raise RecordError(f"event {i} of the batch: {exc.reason}") from None
     return _checked(lines, record_limit, nested=False)  # each line was read back alone
 
-
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-_STR = frozenset({str})
 
 
 def _str_keys(event: Mapping[Any, Any]) -> bool:

@@ -26,8 +26,8 @@ from .events import (
     Record,
     RecordError,
     decode_region,
-    encode_records,
 )
+from .events import encode_block as encode_records_block
 
 CHUNK = 1 << 20
 REGION = 128 << 10
@@ -57,14 +57,27 @@ def encode_batch(events: Sequence[Mapping[str, Any]], first_seq: int, limits: Li
 
     Raises :class:`InvalidEvent` naming the event at fault, or when the batch (lines plus
     newlines) is over the batch limit; nothing is written then."""
+    block, n, _ = encode_block(events, first_seq, limits)
+    lines = block.split(b"\n")
+    lines.pop()
+    if len(lines) != n:  # pragma: no cover - encode_block proves every record is one line
+        raise InvalidEvent("a record of the batch spans lines")
+    return lines
+
+
+def encode_block(events: Sequence[Mapping[str, Any]], first_seq: int, limits: Limits) -> tuple[bytes, int, float]:
+    """One append batch as JSONL bytes (each record line ending in a newline, built
+    once: what a JSONL log appends), with its number of records and the last record's
+    ``ts``; the rules and errors of :func:`encode_batch`."""
     try:
-        lines = encode_records(events, first_seq, record_limit=limits.record_limit)
+        block, n, last_ts = encode_records_block(events, first_seq, record_limit=limits.record_limit)
     except RecordError as exc:
         raise InvalidEvent(exc.reason) from None
-    size = sum(map(len, lines)) + len(lines)
-    if size > limits.batch_limit:
-        raise InvalidEvent(f"batch of {size} bytes exceeds the batch limit of {limits.batch_limit} bytes; split it")
-    return lines
+    if len(block) > limits.batch_limit:
+        raise InvalidEvent(
+            f"batch of {len(block)} bytes exceeds the batch limit of {limits.batch_limit} bytes; split it"
+        )
+    return block, n, last_ts
 
 
 def check_header(record: Record, session_id: str | None, where: str) -> None:

@@ -1,0 +1,220 @@
+"""The batch fast path of append (``encode_records``/``encode_block``) against the exact
+path (``_encode_each``: one event at a time, each nested line read back alone).
+
+For any batch, adversarial ones included, both accept with the same bytes, or both refuse
+naming the same event; nothing but RecordError escapes; every accepted line decodes as a
+record with its seq and ts."""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+from collections import UserDict
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from sessionlog.events import (
+    MAX_DEPTH,
+    Record,
+    RecordError,
+    _encode_each,
+    _encode_fast,
+    encode_block,
+    encode_records,
+)
+
+EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
+    2000 if os.environ.get("SESSIONLOG_SLOW") else 150
+)
+NOW = 1_735_689_600.25
+
+
+class Text(str):
+    pass
+
+
+class Number(int):
+    pass
+
+
+class Real(float):
+    pass
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Name(enum.Enum):
+    A = "a"
+
+
+raw_json = st.sampled_from([
+    b"1", b'"x"', b"[1,2]", b'{"a":1}', b'{"a": [1, 2],\t"b" : null}', b'{"a":\n1}', b'{"a":\r1}',
+    b'{"a":1,"a":2}', b"[" * 126 + b"]" * 126, b"[" * 127 + b"]" * 127, b"[" * 129 + b"]" * 129,
+    b'1,"seq":9', b'1},{"z":2', b'"', b"", b"nul\x00", b'"\xff"', '"é"'.encode(), b'"\\u00e9"', b" 1 ",
+    b"\r\n", b"NaN", b"1e999", b'"\\ud800"', b'{"seq":1}', b"{}", b"[]", b"true", b"null", b"-0", b"01",
+])
+raws = st.one_of(raw_json, st.binary(max_size=16)).map(msgspec.Raw)
+texts = st.text(max_size=12)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), texts,
+    texts.map(Text), st.integers(-5, 5).map(Number), st.floats(allow_nan=False).map(Real),
+    st.just(Color.RED), st.just(Name.A), st.just("\ud800"), st.just("a\nb\r\"\\{[}]"),
+)
+keys = st.one_of(texts, texts.map(Text), st.integers(-3, 3), st.booleans(), st.none(), st.floats(0, 2))
+values = st.recursive(
+    st.one_of(scalars, raws),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(keys, inner, max_size=5),
+        st.frozensets(st.integers(0, 3), max_size=2),
+    ),
+    max_leaves=30,
+)
+
+
+@st.composite
+def deep(draw: st.DrawFn) -> Any:
+    value = draw(st.one_of(scalars, raws, st.just([]), st.just({})))
+    for i in range(draw(st.sampled_from([1, 2, 124, 125, 126, 127, 128, 129, 300, 3000]))):
+        kind = draw(st.sampled_from(["list", "dict", "tuple"])) if i < 3 else ("list" if i % 2 else "dict")
+        value = [value] if kind == "list" else (value,) if kind == "tuple" else {"d": value}
+    return value
+
+
+member = st.one_of(values, values, values, deep())
+top_keys = st.one_of(
+    st.sampled_from(["content", "turn", "x", "type", "ts", "seq", "ts", "é", ""]), texts,
+    texts.map(Text), st.integers(0, 2),
+)
+type_values = st.one_of(
+    st.sampled_from(["user/message", "tool/result", "x"]), st.just(""), st.just(None), st.just(1),
+    st.just(Text("x")), st.just(b"x"),
+)
+ts_values = st.one_of(
+    st.floats(), st.integers(-(2**70), 2**1100), st.none(), st.booleans(), st.just(Real(1.5)),
+    st.just(Number(7)), st.just(Color.RED), st.just("1.5"), st.just(float("nan")),
+)
+
+
+@st.composite
+def event(draw: st.DrawFn) -> Any:
+    ev: dict[Any, Any] = {}
+    if draw(st.integers(0, 9)):  # mostly a type, mostly first
+        ev["type"] = draw(type_values) if draw(st.integers(0, 4)) == 0 else "x/a"
+    ev.update(draw(st.dictionaries(top_keys, member, max_size=draw(st.sampled_from([2, 6])))))
+    if "type" not in ev and draw(st.booleans()):
+        ev["type"] = "late"
+    if draw(st.integers(0, 2)) == 0:
+        ev["ts"] = draw(ts_values)
+    shape = draw(st.integers(0, 20))
+    if shape == 0:
+        return UserDict(ev)
+    if shape == 1:
+        return type("Sub", (dict,), {})(ev)
+    if shape == 2:
+        return draw(st.sampled_from([None, 5, "x", [("type", "x")]]))
+    return ev
+
+
+batches = st.lists(event(), max_size=12)
+
+
+def outcome(encode: Any) -> tuple[str, Any]:
+    try:
+        return "ok", encode()
+    except RecordError as exc:
+        found = re.match(r"event (\d+) of the batch", exc.reason)
+        assert found, exc.reason
+        return "refused", int(found.group(1))
+
+
+def check(batch: list[Any], record_limit: int = 1 << 16) -> None:
+    exact = outcome(lambda: _encode_each(batch, 7, NOW, record_limit))
+    fast = outcome(lambda: encode_records(batch, 7, record_limit=record_limit, now=NOW))
+    assert fast == exact
+    block = outcome(lambda: encode_block(batch, 7, record_limit=record_limit, now=NOW))
+    if exact[0] == "ok":
+        lines = exact[1]
+        assert block == ("ok", (b"".join(line + b"\n" for line in lines), len(lines), block[1][2]))
+        for i, line in enumerate(lines):
+            record = Record.from_line(line)
+            assert record.seq == 7 + i
+            assert line.startswith(b'{"seq":%d,"ts":' % (7 + i))
+        if lines:
+            assert block[1][2] == Record.from_line(lines[-1]).ts
+            assert type(block[1][2]) is float
+    else:
+        assert block == exact
+    # The fast path alone: it declines, or gives the exact bytes, or refuses as the exact path.
+    direct = outcome(lambda: _encode_fast(batch, 7, NOW))
+    if direct[0] == "ok" and direct[1] is not None:
+        assert exact[0] == "ok" and direct[1] == b"".join(line + b"\n" for line in exact[1])
+    elif direct[0] == "refused":
+        assert direct == exact
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(batch=batches)
+@example(batch=[{"type": "x", "ts": float("nan")}])
+@example(batch=[{"type": "x", "ts": 10**400}])
+@example(batch=[{"x": 1, "type": "late", "ts": 5}])
+@example(batch=[{"type": Text("x"), "v": [1]}])
+@example(batch=[{"type": "x", "v": Text("y")}, {"type": "x", "v": [[[1]]]}])
+@example(batch=[{"type": "x", "r": msgspec.Raw(b'1,"seq":9')}])
+@example(batch=[{"type": "x", "r": [msgspec.Raw(b"[" * 127 + b"]" * 127)]}])
+def test_fast_path_is_the_exact_path(batch: list[Any]) -> None:
+    check(batch)
+
+
+@settings(max_examples=max(20, EXAMPLES // 5), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batch=batches, limit=st.integers(40, 400))
+def test_fast_path_is_the_exact_path_near_the_record_limit(batch: list[Any], limit: int) -> None:
+    check(batch, limit)
+
+
+def nest(depth: int, kinds: str = "ld") -> Any:
+    value: Any = 0
+    for i in range(depth):
+        kind = kinds[i % len(kinds)]
+        value = [value] if kind == "l" else (value,) if kind == "t" else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("kinds", ["l", "d", "t", "ld", "dt"])
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 5000])
+def test_depth_edge(depth: int, kinds: str) -> None:
+    # A member's own depth d makes the record d + 1 deep (the record is depth 1).
+    batch = [{"type": "ok"}, {"type": "x", "v": nest(depth, kinds)}, {"type": "ok", "w": [[]]}]
+    check(batch)
+    ok = depth + 1 <= MAX_DEPTH
+    if ok:
+        assert len(encode_records(batch, 1, record_limit=1 << 20, now=NOW)) == 3
+    else:
+        with pytest.raises(RecordError, match="event 1 of the batch"):
+            encode_records(batch, 1, record_limit=1 << 20, now=NOW)
+
+
+def test_wide_batch_of_every_shape() -> None:
+    batch = [{"type": "t", "i": i, "v": [i, {"k": (i, None)}] if i % 3 else "s", "ts": float(i) + 0.5}
+             for i in range(3000)]
+    check(batch)
+    block, n, last_ts = encode_block(batch, 1, record_limit=1 << 20, now=NOW)
+    assert n == 3000 and last_ts == 2999.5 and block.count(b"\n") == 3000
+    assert block.startswith(b'{"seq":1,"ts":0.5,"type":"t","i":0,"v":"s"}\n')
+
+
+def test_own_ts_keeps_envelope_order() -> None:
+    line, = encode_records([{"b": 1, "ts": 2, "type": "x"}], 4, record_limit=100, now=NOW)
+    assert line == b'{"seq":4,"ts":2,"type":"x","b":1}'
+    assert math.isfinite(Record.from_line(line).ts)
