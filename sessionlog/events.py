@@ -476,11 +476,11 @@ def encode_records(
     naming the first event at fault (not an event, no type, ``seq`` set, not
     serializable, too deep, a ``msgspec.Raw`` that is not one line of JSON, longer than
     ``record_limit`` bytes); never RecursionError."""
-    block, n, _ = encode_block(events, first_seq, record_limit=record_limit, now=now)
-    lines = block.split(b"\n")
-    lines.pop()
-    assert len(lines) == n  # every line is proven to be one line
-    return lines
+    when = time.time() if now is None else now
+    lines = _encode_fast(events, first_seq, when, _LINES)
+    if lines is None:
+        return _encode_each(events, first_seq, when, record_limit)
+    return _checked(lines, record_limit, nested=False)
 
 
 def encode_block(
@@ -491,7 +491,7 @@ def encode_block(
     ``ts`` of the last one. Same rules, same bytes, same errors."""
     when = time.time() if now is None else now
     n = len(events)
-    block = _encode_fast(events, first_seq, when)
+    block = _encode_fast(events, first_seq, when, _BLOCK)
     if block is None:
         lines = _encode_each(events, first_seq, when, record_limit)
         block = b"\n".join(lines) + b"\n" if lines else b""
@@ -528,9 +528,25 @@ _type_of = attrgetter("type")
 _is_scalar = _SCALARS.__contains__
 
 
-def _encode_fast(events: Sequence[Mapping[str, Any]], first_seq: int, when: float) -> bytes | None:
-    """The batch's record lines, each ending in a newline, exactly as :func:`_encode_each`
-    writes them; None when the batch is not one this path takes (the exact path then
+def _encode_lines_each(bodies: list[dict[str, Any]]) -> list[bytes]:
+    return list(map(_encoder.encode, bodies))
+
+
+def _encode_block(bodies: list[dict[str, Any]]) -> bytes:
+    return _encoder.encode_lines(bodies)
+
+
+_LINES: Final = _encode_lines_each
+_BLOCK: Final = _encode_block
+
+
+def _encode_fast(
+    events: Sequence[Mapping[str, Any]], first_seq: int, when: float,
+    encode: Callable[[list[dict[str, Any]]], _T],
+) -> _T | None:
+    """The batch's records, exactly as :func:`_encode_each` writes them, as ``encode``
+    gives them (:data:`_LINES`: the lines; :data:`_BLOCK`: one block, each line ending
+    in a newline); None when the batch is not one this path takes (the exact path then
     encodes it, or names the event at fault). Raises RecordError only for a batch the
     exact path refuses too.
 
@@ -547,23 +563,38 @@ def _encode_fast(events: Sequence[Mapping[str, Any]], first_seq: int, when: floa
         msgspec.convert(events, _FRESH)
     except (msgspec.ValidationError, OverflowError, TypeError):
         return None
+    if not events:
+        return encode([])
+    shared_ts = _encoder.encode(when)
+    plain = _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, events)))) or _plain(events)
+    if plain and not any(map(dict.__contains__, events, repeat("ts"))):
+        spliced = _spliced(events, first_seq, shared_ts, encode is _LINES)
+        if spliced is not None:
+            return spliced  # type: ignore[return-value]
     # A repeated key in a dict display keeps its first slot: "ts" stays second and "type"
     # third whatever their place in the event. The shared ts is encoded once (what the
     # encoder writes for ``when``, copied verbatim); an event's own ts replaces it.
-    shared_ts = msgspec.Raw(_encoder.encode(when))
+    shared_ts = msgspec.Raw(shared_ts)
     bodies = [{"seq": seq, "ts": shared_ts, "type": None, **event} for seq, event in zip(count(first_seq), events)]
     try:
-        block = _with_room(_encoder.encode_lines, bodies)
+        encoded = _with_room(encode, bodies)
     except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
         return None
     # Every value an exact scalar (the type among them: an exact str), or containers of
     # what the encoder writes itself, not too deep.
-    if _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, events)))) or _plain(events):
-        return block
+    if plain:
+        return encoded
     if not _STR.issuperset(map(type, map(dict.get, events, repeat("type")))):
         return None  # a str subclass as type: the exact path refuses it
+    if encode is _LINES:
+        lines = encoded
+        block = b"\n".join(lines) + b"\n"
+    else:
+        block = encoded
+        lines = block.split(b"\n")
+        lines.pop()
     # JSON escapes every line break inside a string: only a msgspec.Raw can hold one.
-    if block.count(b"\n") != len(events) or b"\r" in block:
+    if len(lines) != len(events) or block.count(b"\n") != len(events) or b"\r" in block:
         return None
     if _verbatim_free(events):
         # The encoder wrote every byte itself: each line is one compact object with the
@@ -572,13 +603,47 @@ def _encode_fast(events: Sequence[Mapping[str, Any]], first_seq: int, when: floa
         if deep is not None:
             raise RecordError(f"event {deep} of the batch does not read back as a record: "
                               f"nested deeper than {MAX_DEPTH}")
-        return block
-    lines = block.split(b"\n")
-    lines.pop()
+        return encoded
     bad = unreadable(lines)
     if bad is not None:
         raise RecordError(f"event {bad[0]} of the batch does not read back as a record: {bad[1]}")
-    return block
+    return encoded
+
+
+_TYPE_FIRST = b'\n{"type":'
+_SEQ = b'{"seq":'
+_CUT = b"\x00"
+
+
+def _spliced(events: Sequence[dict[str, Any]], first_seq: int, ts: bytes, as_lines: bool) -> list[bytes] | bytes | None:
+    """The records of ``events`` (plain: see :func:`_plain`; none with a ``ts`` of its
+    own; at least one) as :func:`_encode_fast` writes them, with the envelope spliced in
+    front of each event's encoded members by C-level byte operations instead of a new
+    dict per event; None unless every event's first member is its ``type``.
+
+    In the batch's encoded lines a newline only ends a line (JSON escapes it in a
+    string; no ``msgspec.Raw`` is there), so ``\\n{"type":`` occurs once per event
+    exactly when each line starts with its type."""
+    n = len(events)
+    try:
+        block = _with_room(_encoder.encode_lines, events)
+    except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        return None
+    rests = (b"\n" + block).split(_TYPE_FIRST)
+    if len(rests) != n + 1:
+        return None
+    del rests[0]
+    seqs = _encoder.encode(list(range(first_seq, first_seq + n)))[1:-1].split(b",")
+    middle = b',"ts":' + ts + b',"type":'
+    if as_lines:
+        rests[-1] = rests[-1][:-1]  # its newline
+        heads = (_SEQ + (middle + _CUT + _SEQ).join(seqs) + middle).split(_CUT)
+        return list(map(bytes.__add__, heads, rests))
+    heads = (_SEQ + (middle + _CUT + b"\n" + _SEQ).join(seqs) + middle).split(_CUT)
+    parts: list[bytes] = [b""] * (2 * n)
+    parts[0::2] = heads
+    parts[1::2] = rests
+    return b"".join(parts)
 
 
 def _plain(events: Sequence[dict[str, Any]]) -> bool:

@@ -26,6 +26,7 @@ from .events import (
     Record,
     RecordError,
     decode_region,
+    encode_records,
 )
 from .events import encode_block as encode_records_block
 
@@ -57,11 +58,13 @@ def encode_batch(events: Sequence[Mapping[str, Any]], first_seq: int, limits: Li
 
     Raises :class:`InvalidEvent` naming the event at fault, or when the batch (lines plus
     newlines) is over the batch limit; nothing is written then."""
-    block, n, _ = encode_block(events, first_seq, limits)
-    lines = block.split(b"\n")
-    lines.pop()
-    if len(lines) != n:  # pragma: no cover - encode_block proves every record is one line
-        raise InvalidEvent("a record of the batch spans lines")
+    try:
+        lines = encode_records(events, first_seq, record_limit=limits.record_limit)
+    except RecordError as exc:
+        raise InvalidEvent(exc.reason) from None
+    size = sum(map(len, lines)) + len(lines)
+    if size > limits.batch_limit:
+        raise InvalidEvent(f"batch of {size} bytes exceeds the batch limit of {limits.batch_limit} bytes; split it")
     return lines
 
 

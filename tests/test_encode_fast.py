@@ -23,6 +23,8 @@ from sessionlog.events import (
     MAX_DEPTH,
     Record,
     RecordError,
+    _BLOCK,
+    _LINES,
     _encode_each,
     _encode_fast,
     encode_block,
@@ -155,11 +157,18 @@ def check(batch: list[Any], record_limit: int = 1 << 16) -> None:
     else:
         assert block == exact
     # The fast path alone: it declines, or gives the exact bytes, or refuses as the exact path.
-    direct = outcome(lambda: _encode_fast(batch, 7, NOW))
-    if direct[0] == "ok" and direct[1] is not None:
-        assert exact[0] == "ok" and direct[1] == b"".join(line + b"\n" for line in exact[1])
-    elif direct[0] == "refused":
-        assert direct == exact
+    # (lines, then one block; the splice of events whose type comes first and the dict
+    # per event of the others give the same bytes).
+    # _encode_fast leaves the record limit to its callers.
+    unlimited = outcome(lambda: _encode_each(batch, 7, NOW, 1 << 40))
+    for encode in (_LINES, _BLOCK):
+        direct = outcome(lambda: _encode_fast(batch, 7, NOW, encode))
+        if direct[0] == "ok" and direct[1] is not None:
+            assert unlimited[0] == "ok"
+            want = unlimited[1] if encode is _LINES else b"".join(line + b"\n" for line in unlimited[1])
+            assert direct[1] == want
+        elif direct[0] == "refused":
+            assert direct == unlimited
 
 
 @settings(max_examples=EXAMPLES, deadline=None,
@@ -218,3 +227,17 @@ def test_own_ts_keeps_envelope_order() -> None:
     line, = encode_records([{"b": 1, "ts": 2, "type": "x"}], 4, record_limit=100, now=NOW)
     assert line == b'{"seq":4,"ts":2,"type":"x","b":1}'
     assert math.isfinite(Record.from_line(line).ts)
+
+
+@pytest.mark.parametrize("n", [1, 2, 64, 1025])
+def test_splice_and_dict_paths_agree(n: int) -> None:
+    # type first, no ts: spliced; the same events with type elsewhere or a ts: a dict each.
+    first = [{"type": "t", "i": i, "s": "x" * (i % 7), "n": None} for i in range(n)]
+    later = [{"i": i, "type": "t", "s": "x" * (i % 7), "n": None} for i in range(n)]
+    own = [{**e, "ts": NOW} for e in first]
+    for batch in (first, later, own, first[:-1] + later[-1:], [*first, {"type": "t", "r": msgspec.Raw(b"1")}]):
+        check(batch)
+    a = encode_records(first, 3, record_limit=1 << 20, now=NOW)
+    assert a == encode_records(later, 3, record_limit=1 << 20, now=NOW)
+    assert a == encode_records(own, 3, record_limit=1 << 20, now=NOW)
+    assert a[0] == b'{"seq":3,"ts":1735689600.25,"type":"t","i":0,"s":"","n":null}'
