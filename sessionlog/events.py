@@ -197,11 +197,11 @@ _NOT_OPENERS = bytes(b for b in range(256) if b not in b"{[\n")
 _ALIGNED = re.compile(rb"(?:[ \t\r]*\{[^\n]*\}[ \t\r]*\n)*")
 
 
-def _decode_lines(region: bytes) -> tuple[list[dict[str, msgspec.Raw]], list[_Envelope]] | None:
-    """The members and envelopes of the JSON values in ``region`` (newline-delimited), or
-    None when it does not decode."""
+def _decode_lines(region: bytes) -> list[dict[str, msgspec.Raw]] | None:
+    """The members of the JSON values in ``region`` (newline-delimited), or None when it
+    does not decode as JSON objects."""
     try:
-        return _fields_decoder.decode_lines(region), _envelope_decoder.decode_lines(region)
+        return _fields_decoder.decode_lines(region)
     except (msgspec.DecodeError, RecursionError):
         return None
 
@@ -241,35 +241,68 @@ def _proven_prefix(lines: list[bytes], region: bytes, members: list[dict[str, ms
             if line != other:
                 good = i
                 break
+    # Depth: a line nested deeper than MAX_DEPTH opens more than MAX_DEPTH brackets. The
+    # region's openers (newlines kept) are counted per line in C; only a line over the
+    # bound is measured exactly.
     openers = region.translate(None, _NOT_OPENERS)
     if len(openers) - len(lines) > MAX_DEPTH:
-        for i, count in enumerate(map(len, openers.split(b"\n"))):
-            if i >= good:
-                break
-            if count > MAX_DEPTH and nested_deeper(lines[i]):
-                good = i
+        counts = list(map(len, openers.split(b"\n", good)))
+        if max(counts) > MAX_DEPTH:
+            for i, count in enumerate(counts):
+                if i >= good:
+                    break
+                if count > MAX_DEPTH and nested_deeper(lines[i]):
+                    good = i
     return good
 
 
+_seqs_decoder = msgspec.json.Decoder(list[int])
+_tss_decoder = msgspec.json.Decoder(list[float])
+_types_decoder = msgspec.json.Decoder(list[str])
+
+
+def _envelopes(members: list[dict[str, msgspec.Raw]]) -> tuple[list[int], list[float], list[str]] | None:
+    """The ``seq``, ``ts`` and ``type`` of each record, decoded from its raw members in one
+    typed decode per member (the same typed rules as :class:`_Envelope`), or None when
+    some record lacks one or one is not of its type."""
+    try:
+        return (
+            _seqs_decoder.decode(b"[" + b",".join([m["seq"] for m in members]) + b"]"),
+            _tss_decoder.decode(b"[" + b",".join([m["ts"] for m in members]) + b"]"),
+            _types_decoder.decode(b"[" + b",".join([m["type"] for m in members]) + b"]"),
+        )
+    except (KeyError, msgspec.DecodeError):
+        return None
+
+
 def decode_region(region: bytes, first_seq: int) -> list[Record]:
+    """The records of the longest proven prefix of ``region``: see :func:`region_records`."""
+    return region_records(region, first_seq)[0]
+
+
+def region_records(region: bytes, first_seq: int) -> tuple[list[Record], bool]:
     """The records of the longest prefix of ``region`` (whole lines, each ending in a
     newline) that the region rules prove, with seqs running on from ``first_seq``.
 
-    The fast path of a scan: the region is decoded in two msgspec calls and proven as a
-    whole (:func:`_proven_prefix`). The first line that is not proven (and the prefix is
-    empty when the region is not one object per line) is left to the exact, line-by-line
-    rules, which accept it or explain why not."""
+    The fast path of a scan: the region's members are decoded in one msgspec call and
+    proven as a whole (:func:`_proven_prefix`); the envelopes are decoded from the raw
+    members. The first line that is not proven (and the prefix is empty when the region
+    is not one object per line) is left to the exact, line-by-line rules, which accept
+    it or explain why not."""
+    cut = False
     if not region.isascii():
         try:
             region.decode("utf-8")
         except UnicodeDecodeError as exc:
             region = region[: region.rfind(b"\n", 0, exc.start) + 1]
             if not region:
-                return []
+                return [], False
+            cut = True
     lines = region.split(b"\n")
     lines.pop()
-    decoded = _decode_lines(region)
-    if decoded is None:
+    whole = -1 if cut else len(lines)
+    members = _decode_lines(region)
+    if members is None:
         # Something in the region does not decode: the longest prefix that does, found by
         # halving (a few decodes of shrinking size, never one per line).
         low, high = 0, len(lines)  # lines[:low] decode; lines[:high] do not
@@ -281,24 +314,34 @@ def decode_region(region: bytes, first_seq: int) -> list[Record]:
                 low = mid
         lines = lines[:low]
         if not lines:
-            return []
+            return [], False
         region = b"\n".join(lines) + b"\n"
-        decoded = _decode_lines(region)
-        assert decoded is not None
-    members, envelopes = decoded
+        members = _decode_lines(region)
+        assert members is not None
     if len(lines) != len(members):  # not one object per line
-        return []
+        return [], False
     good = _proven_prefix(lines, region, members)
-    seq = first_seq
-    for i in range(good):
-        envelope = envelopes[i]
-        if envelope.seq != seq or not envelope.type:
-            good = i
-            break
-        seq += 1
+    if good < len(lines):
+        del lines[good:], members[good:]
+    envelopes = _envelopes(members)
+    if envelopes is None:
+        # Some envelope is missing or mistyped: the lines before the first such one.
+        good = 0
+        for members_of in members:
+            if _envelopes([members_of]) is None:
+                break
+            good += 1
+        del lines[good:], members[good:]
+        envelopes = _envelopes(members)
+        assert envelopes is not None
+    seqs, tss, types = envelopes
+    if seqs != list(range(first_seq, first_seq + len(seqs))):
+        good = next(i for i, seq in enumerate(seqs) if seq != first_seq + i)
+    if "" in types:
+        good = min(good, types.index(""))
     if good < len(lines):
         del lines[good:]
-    return [Record(line, e.seq, e.ts, e.type, m) for line, e, m in zip(lines, envelopes, members)]
+    return list(map(Record, lines, seqs, tss, types, members)), len(lines) == whole
 
 
 def unreadable(lines: list[bytes]) -> tuple[int, str] | None:
@@ -326,24 +369,23 @@ def unreadable(lines: list[bytes]) -> tuple[int, str] | None:
     return None
 
 
-class Record(Mapping[str, Any]):
+class Record(msgspec.Struct, gc=False, repr_omit_defaults=True):
     """One committed record: a read-only mapping over its exact bytes.
 
     ``raw`` is the record's line without the trailing newline. The envelope is
     available as attributes; a member is decoded when it is looked up (``r["call_id"]``
     decodes just that member), the whole record only when it is iterated or copied.
+
+    A :class:`collections.abc.Mapping` (registered): a scan builds one per record, so it
+    is a C-level struct rather than a Python class with an ``__init__``.
     """
 
-    __slots__ = ("raw", "seq", "ts", "type", "_members", "_fields")
-
-    def __init__(self, raw: bytes, seq: int, ts: float, type: str,
-                 members: dict[str, msgspec.Raw] | None = None) -> None:
-        self.raw = raw
-        self.seq = seq
-        self.ts = ts
-        self.type = type
-        self._members = members
-        self._fields: dict[str, Any] | None = None
+    raw: bytes
+    seq: int
+    ts: float
+    type: str
+    _members: dict[str, msgspec.Raw] | None = None
+    _fields: dict[str, Any] | None = None
 
     @classmethod
     def from_line(cls, line: bytes) -> Record:
@@ -352,9 +394,11 @@ class Record(Mapping[str, Any]):
         return cls(line, envelope.seq, envelope.ts, envelope.type, members)
 
     def _decoded(self) -> dict[str, Any]:
-        if self._fields is None:
-            self._fields = _value_decoder.decode(self.raw)
-        return self._fields
+        fields = self._fields
+        if fields is None:
+            fields = _value_decoder.decode(self.raw)
+            msgspec.structs.force_setattr(self, "_fields", fields)
+        return fields
 
     def __getitem__(self, key: str) -> Any:
         if self._fields is None and self._members is not None:
@@ -383,6 +427,10 @@ class Record(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._decoded())
 
+    keys = Mapping.keys
+    items = Mapping.items
+    values = Mapping.values
+
     def view(self, cls: type[_V]) -> _V:
         """Decode just the members ``cls`` (a typed view) names; unknown ones are skipped."""
         return _view_decoder(cls).decode(self.raw)
@@ -399,7 +447,13 @@ class Record(Mapping[str, Any]):
             return self.raw == other.raw
         return Mapping.__eq__(self, other)
 
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
     __hash__ = None  # type: ignore[assignment]
+
+
+Mapping.register(Record)
 
 
 _LINE_BREAK = (

@@ -25,7 +25,7 @@ from .events import (
     SESSION_START,
     Record,
     RecordError,
-    decode_region,
+    region_records,
     encode_records,
 )
 from .events import encode_block as encode_records_block
@@ -165,15 +165,19 @@ class LineScan:
             if not header_needed and not exact:
                 end = buf.rfind(b"\n", i, i + span) + 1
                 if end > i:
-                    records = decode_region(buf[i:end], expected)
+                    records, whole = region_records(buf[i:end], expected)
                     start = i
-                    raws = [r.raw for r in records]
-                    if raws and max(map(len, raws)) > limit:
+                    if end - i > limit and records:
                         # Keep the records before the first one over the limit; the exact
                         # path reports that one.
-                        del records[next(k for k, raw in enumerate(raws) if len(raw) > limit):]
-                        del raws[len(records):]
-                    proven = i + sum(map(len, raws)) + len(raws)
+                        over = [k for k, r in enumerate(records) if len(r.raw) > limit]
+                        if over:
+                            del records[over[0]:]
+                            whole = False
+                    if whole:
+                        proven = end
+                    else:
+                        proven = i + sum([len(r.raw) + 1 for r in records])
                     if records:
                         # The region's records go out in one C-level loop; the summary is
                         # brought up to date once the consumer has taken them all.

@@ -202,12 +202,24 @@ def _adversarial(seq: int, kind: str) -> bytes:
         "seq-gap": _record(seq + 1, False),
         "ts-string": line.replace(b'"ts":2.5', b'"ts":"2.5"'),
         "type-empty": line.replace(b'"type":"tool/result"', b'"type":""'),
+        "type-number": line.replace(b'"type":"tool/result"', b'"type":7'),
+        "type-missing": line.replace(b'"type":"tool/result",', b""),
+        "seq-missing": line.replace(b'"seq":%d,' % seq, b""),
+        "seq-float": line.replace(b'"seq":%d,' % seq, b'"seq":%d.0,' % seq),
+        "seq-bool": line.replace(b'"seq":%d,' % seq, b'"seq":true,'),
+        "ts-bool": line.replace(b'"ts":2.5', b'"ts":false'),
+        "ts-int": line.replace(b'"ts":2.5', b'"ts":2'),
+        "ts-overflow": line.replace(b'"ts":2.5', b'"ts":1e999'),
+        "envelope-last": b'{"call_id":"c","seq":%d,"type":"x","ts":3}' % seq,
+        "envelope-repeat": line[:-1] + b',"seq":%d}' % seq,
     }[kind]
 
 
 ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", "top-repeat", "spaced-top-repeat",
                "depth-128", "depth-129", "deep", "multi-line", "two-objects", "two-objects-comma", "nul", "nul-run",
-               "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty"]
+               "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty",
+               "type-number", "type-missing", "seq-missing", "seq-float", "seq-bool", "ts-bool", "ts-int",
+               "ts-overflow", "envelope-last", "envelope-repeat"]
 
 
 def exact_prefix(data: bytes) -> tuple[list[bytes], int]:
@@ -247,3 +259,11 @@ def test_fast_path_accepts_exactly_what_the_exact_rules_accept(n, all_spaced, od
 
         exact = Record.from_line(record.raw)
         assert (record.seq, record.ts, record.type) == (exact.seq, exact.ts, exact.type)
+    # one region attempt over the body: its records are a proven prefix, and it says
+    # whether that prefix is every line of the region
+    from sessionlog.events import region_records
+
+    body = data[len(_HEADER) + 1:]
+    taken, whole = region_records(body, 2)
+    assert [r.raw for r in taken] == expected[1:len(taken) + 1]
+    assert whole == (len(taken) == body.count(b"\n"))
