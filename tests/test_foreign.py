@@ -328,8 +328,10 @@ def pairs_every_call_once(fmt: foreign.ForeignFormat, data: bytes) -> None:
         # the whole file every tool_use has an answer and no result answers nothing.
         objs = list({line.obj["uuid"]: line.obj for line in reversed(lines)
                      if line.obj is not None and isinstance(line.obj.get("uuid"), str)}.values())
+        # A tool_use whose "id" was damaged away names no call: nothing can answer it.
         uses = [b["id"] for o in objs if o.get("type") == "assistant"
-                for b in (o.get("message") or {}).get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_use"]
+                for b in (o.get("message") or {}).get("content") or []
+                if isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(b.get("id"), str)]
         results = [b["tool_use_id"] for o in objs if o.get("type") == "user"
                    for b in (o.get("message") or {}).get("content") or []
                    if isinstance(b, dict) and b.get("type") == "tool_result"]
