@@ -211,17 +211,7 @@ class PendingCalls:
                 call = self._match(record)
                 if call is None:
                     return None
-            if type_ == TOOL_CALL:
-                if call.call_seq is None:
-                    call.call_seq = seq
-                return None
-            call.answered = True
-            del self._calls[call]
-            if len(calls) == 1:
-                del by_id[call.call_id]
-            else:
-                calls.remove(call)
-            return call
+            return self._settle(call, type_ == TOOL_RESULT, seq)
         if type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
             turn_raw = raw = members.get("turn")
             if raw is not None and raw == self._last_turn_raw:
