@@ -111,7 +111,7 @@ from sessionlog.events import (
     header_event,
     valid_session_id,
 )
-from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header, encode_batch
+from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header, encode_batch, encode_batches
 from sessionlog.transcript import PendingCalls, crash_plan, truncation_marker
 from sessionlog.writer import WriteBehind
 
@@ -721,6 +721,7 @@ class SqlStore:
             raise StoreClosed(f"{self.display_url}: store is closed")
         handles: list[SqlSession] = []
         batches: list[GroupBatch] = []
+        group_events: list[list[Mapping[str, Any]]] = []
         for index, item in enumerate(items):
             handle, events, expect_seq = _group_item(item, index)
             if not isinstance(handle, SqlSession) or handle.store is not self:
@@ -728,6 +729,7 @@ class SqlStore:
                     f"{self.display_url}: group item {index} is not a session handle of this store"
                 ), index)
             handles.append(handle)
+            group_events.append(events)
             batches.append(GroupBatch(handle.session_id, [], 0, expect_seq, _encoder(self, events, index), index))
         if not batches:
             return []
@@ -741,11 +743,15 @@ class SqlStore:
                 except SessionLogError as exc:
                     raise blame(exc, batch.index) from None
             assumed: dict[int, int] = {}
-            for batch, handle in zip(batches, handles, strict=True):
+            for batch, handle, events in zip(batches, handles, group_events, strict=True):
                 last = assumed.get(id(handle), handle._last_seq) if batch.expect_seq is None else batch.expect_seq
                 batch.assumed_last = last
-                batch.lines = batch.encode(last + 1)
-                assumed[id(handle)] = last + len(batch.lines)
+                assumed[id(handle)] = last + len(events)  # one record per event
+            # The whole group in one encoder pass; if it refuses anything, batch by batch
+            # (which names the batch and the event at fault).
+            encoded = encode_batches(group_events, [b.assumed_last + 1 for b in batches], self.limits)
+            for i, batch in enumerate(batches):
+                batch.lines = batch.encode(batch.assumed_last + 1) if encoded is None else encoded[i]
             kind = self.kind
             attempt = 0
             while True:

@@ -204,6 +204,10 @@ class EngineKind:
 # --- SQLite ------------------------------------------------------------------------------
 
 
+TAILS_PER_STATEMENT = 500
+"""Sessions whose tails one statement of a SQLite group commit reads (its placeholders
+stay under SQLite's historical limit of 999 variables)."""
+
 _SYNC_LEVELS = {"0": 0, "OFF": 0, "1": 1, "NORMAL": 1, "2": 2, "FULL": 2, "3": 3, "EXTRA": 3}
 
 
@@ -277,6 +281,12 @@ class SqliteKind(EngineKind):
         self._prepare_sql("?")
         records = schema.qualified(schema.records)
         self.sql_insert = f"INSERT INTO {records} (session_id, seq, record) VALUES (?, ?, ?)"
+        # A group's tails: "WITH ids(sid) AS (VALUES (?),(?)...) SELECT ..." (the head, the
+        # placeholders, the tail), each the same index lookup as sql_tail.
+        self.sql_tails_head = "WITH ids(sid) AS (VALUES "
+        self.sql_tails_tail = (
+            f") SELECT sid, (SELECT seq FROM {records} WHERE session_id = ids.sid ORDER BY seq DESC LIMIT 1) FROM ids"
+        )
 
     def _on_connect(self, dbapi: sqlite3.Connection, record: object) -> None:
         # The driver's implicit transactions are off: every transaction is an explicit
@@ -368,17 +378,11 @@ class SqliteKind(EngineKind):
     def append_group_once(self, cur: sqlite3.Cursor, batches: list[GroupBatch], owners: list[Ownership]) -> None:
         cur.execute("BEGIN IMMEDIATE")
         try:
-            tails: dict[str, int] = {}
+            tails = self._group_tails(cur, batches)
             rows: list[tuple[str, int, bytes]] = []
             for batch in batches:
-                sid = batch.session_id
-                if sid not in tails:
-                    row = cur.execute(self.sql_tail, (sid,)).fetchone()
-                    if row is None:
-                        raise blame(SessionNotFound(f"{self.where}: session {sid!r} was deleted"), batch.index)
-                    tails[sid] = row[0]
-                first = tails[sid] + 1
-                rows.extend(zip(repeat(sid), count(first), place_batch(batch, tails, self.where)))
+                first = tails[batch.session_id] + 1
+                rows.extend(zip(repeat(batch.session_id), count(first), place_batch(batch, tails, self.where)))
             cur.executemany(self.sql_insert, rows)
         except BaseException:
             _quiet(cur.connection.rollback)
@@ -389,6 +393,24 @@ class SqliteKind(EngineKind):
         except BaseException as exc:
             _quiet(cur.connection.rollback)
             raise _group_commit_failed(self.where, batches, exc) from exc
+
+    def _group_tails(self, cur: sqlite3.Cursor, batches: list[GroupBatch]) -> dict[str, int]:
+        """The last seq of each session of a group, read inside its transaction in one
+        statement per :data:`TAILS_PER_STATEMENT` sessions (not one per session).
+        Raises SessionNotFound, blamed on the first batch of a session with no records."""
+        first_batch: dict[str, GroupBatch] = {}
+        for batch in batches:
+            first_batch.setdefault(batch.session_id, batch)
+        sids = list(first_batch)
+        tails: dict[str, int] = {}
+        for start in range(0, len(sids), TAILS_PER_STATEMENT):
+            chunk = sids[start:start + TAILS_PER_STATEMENT]
+            values = ",".join(["(?)"] * len(chunk))
+            tails.update(cur.execute(self.sql_tails_head + values + self.sql_tails_tail, chunk).fetchall())
+        for sid, batch in first_batch.items():
+            if tails.get(sid) is None:
+                raise blame(SessionNotFound(f"{self.where}: session {sid!r} was deleted"), batch.index)
+        return tails
 
     def read_tail(self, cur: sqlite3.Cursor, session_id: str) -> int:
         row = cur.execute(self.sql_tail, (session_id,)).fetchone()

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import accumulate, chain, compress, count, repeat
+from itertools import accumulate, chain, compress, repeat
 from operator import attrgetter, not_
 from typing import Annotated, Any, Final, TypeVar
 
@@ -530,10 +530,22 @@ def encode_records(
     naming the first event at fault (not an event, no type, ``seq`` set, not
     serializable, too deep, a ``msgspec.Raw`` that is not one line of JSON, longer than
     ``record_limit`` bytes); never RecursionError."""
+    return encode_records_at(events, range(first_seq, first_seq + len(events)), record_limit=record_limit, now=now)
+
+
+def encode_records_at(
+    events: Sequence[Mapping[str, Any]], seqs: Sequence[int], *, record_limit: int, now: float | None = None
+) -> list[bytes]:
+    """:func:`encode_records` with each event's seq given: ``seqs`` holds one int per
+    event, in any order (several sessions' batches encoded in one pass, each running on
+    from its own tail). Same rules, same bytes for each event, same errors (the event at
+    fault is named by its position in ``events``)."""
     when = time.time() if now is None else now
-    lines = _encode_fast(events, first_seq, when, _LINES)
+    if len(seqs) != len(events):
+        raise ValueError(f"{len(events)} events but {len(seqs)} seqs")
+    lines = _encode_fast(events, seqs, when, _LINES)
     if lines is None:
-        return _encode_each(events, first_seq, when, record_limit)
+        return _encode_each(events, seqs, when, record_limit)
     return _checked(lines, record_limit, nested=False)
 
 
@@ -545,9 +557,10 @@ def encode_block(
     ``ts`` of the last one. Same rules, same bytes, same errors."""
     when = time.time() if now is None else now
     n = len(events)
-    block = _encode_fast(events, first_seq, when, _BLOCK)
+    seqs = range(first_seq, first_seq + n)
+    block = _encode_fast(events, seqs, when, _BLOCK)
     if block is None:
-        lines = _encode_each(events, first_seq, when, record_limit)
+        lines = _encode_each(events, seqs, when, record_limit)
         block = b"\n".join(lines) + b"\n" if lines else b""
         last_ts = _envelope_decoder.decode(lines[-1]).ts if lines else when
         return block, n, last_ts
@@ -595,7 +608,7 @@ _BLOCK: Final = _encode_block
 
 
 def _encode_fast(
-    events: Sequence[Mapping[str, Any]], first_seq: int, when: float,
+    events: Sequence[Mapping[str, Any]], seqs: Sequence[int], when: float,
     encode: Callable[[list[dict[str, Any]]], _T],
 ) -> _T | None:
     """The batch's records, exactly as :func:`_encode_each` writes them, as ``encode``
@@ -622,14 +635,14 @@ def _encode_fast(
     shared_ts = _encoder.encode(when)
     plain = _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, events)))) or _plain(events)
     if plain and not any(map(dict.__contains__, events, repeat("ts"))):
-        spliced = _spliced(events, first_seq, shared_ts, encode is _LINES)
+        spliced = _spliced(events, seqs, shared_ts, encode is _LINES)
         if spliced is not None:
             return spliced  # type: ignore[return-value]
     # A repeated key in a dict display keeps its first slot: "ts" stays second and "type"
     # third whatever their place in the event. The shared ts is encoded once (what the
     # encoder writes for ``when``, copied verbatim); an event's own ts replaces it.
     shared_ts = msgspec.Raw(shared_ts)
-    bodies = [{"seq": seq, "ts": shared_ts, "type": None, **event} for seq, event in zip(count(first_seq), events)]
+    bodies = [{"seq": seq, "ts": shared_ts, "type": None, **event} for seq, event in zip(seqs, events)]
     try:
         encoded = _with_room(encode, bodies)
     except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
@@ -669,7 +682,7 @@ _SEQ = b'{"seq":'
 _CUT = b"\x00"
 
 
-def _spliced(events: Sequence[dict[str, Any]], first_seq: int, ts: bytes, as_lines: bool) -> list[bytes] | bytes | None:
+def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, as_lines: bool) -> list[bytes] | bytes | None:
     """The records of ``events`` (plain: see :func:`_plain`; none with a ``ts`` of its
     own; at least one) as :func:`_encode_fast` writes them, with the envelope spliced in
     front of each event's encoded members by C-level byte operations instead of a new
@@ -687,13 +700,13 @@ def _spliced(events: Sequence[dict[str, Any]], first_seq: int, ts: bytes, as_lin
     if len(rests) != n + 1:
         return None
     del rests[0]
-    seqs = _encoder.encode(list(range(first_seq, first_seq + n)))[1:-1].split(b",")
+    seq_texts = _encoder.encode(list(seqs))[1:-1].split(b",")
     middle = b',"ts":' + ts + b',"type":'
     if as_lines:
         rests[-1] = rests[-1][:-1]  # its newline
-        heads = (_SEQ + (middle + _CUT + _SEQ).join(seqs) + middle).split(_CUT)
+        heads = (_SEQ + (middle + _CUT + _SEQ).join(seq_texts) + middle).split(_CUT)
         return list(map(bytes.__add__, heads, rests))
-    heads = (_SEQ + (middle + _CUT + b"\n" + _SEQ).join(seqs) + middle).split(_CUT)
+    heads = (_SEQ + (middle + _CUT + b"\n" + _SEQ).join(seq_texts) + middle).split(_CUT)
     parts: list[bytes] = [b""] * (2 * n)
     parts[0::2] = heads
     parts[1::2] = rests
@@ -771,12 +784,12 @@ def _first_too_deep(data: bytes, n: int) -> int | None:
 
 
 def _encode_each(
-    events: Sequence[Mapping[str, Any]], first_seq: int, when: float, record_limit: int
+    events: Sequence[Mapping[str, Any]], seqs: Sequence[int], when: float, record_limit: int
 ) -> list[bytes]:
     lines = []
-    for i, event in enumerate(events):
+    for i, (event, seq) in enumerate(zip(events, seqs)):
         try:
-            lines.append(encode_record(event, first_seq + i, when))
+            lines.append(encode_record(event, seq, when))
         except RecordError as exc:
             raise RecordError(f"event {i} of the batch: {exc.reason}") from None
     return _checked(lines, record_limit, nested=False)  # each line was read back alone

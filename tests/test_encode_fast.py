@@ -30,6 +30,8 @@ from sessionlog.events import (
     encode_block,
     encode_records,
 )
+from sessionlog.scan import Limits, encode_batch, encode_batches
+from sessionlog.contract import InvalidEvent
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
     2000 if os.environ.get("SESSIONLOG_SLOW") else 150
@@ -140,7 +142,8 @@ def outcome(encode: Any) -> tuple[str, Any]:
 
 
 def check(batch: list[Any], record_limit: int = 1 << 16) -> None:
-    exact = outcome(lambda: _encode_each(batch, 7, NOW, record_limit))
+    seqs = range(7, 7 + len(batch))
+    exact = outcome(lambda: _encode_each(batch, seqs, NOW, record_limit))
     fast = outcome(lambda: encode_records(batch, 7, record_limit=record_limit, now=NOW))
     assert fast == exact
     block = outcome(lambda: encode_block(batch, 7, record_limit=record_limit, now=NOW))
@@ -160,9 +163,9 @@ def check(batch: list[Any], record_limit: int = 1 << 16) -> None:
     # (lines, then one block; the splice of events whose type comes first and the dict
     # per event of the others give the same bytes).
     # _encode_fast leaves the record limit to its callers.
-    unlimited = outcome(lambda: _encode_each(batch, 7, NOW, 1 << 40))
+    unlimited = outcome(lambda: _encode_each(batch, seqs, NOW, 1 << 40))
     for encode in (_LINES, _BLOCK):
-        direct = outcome(lambda: _encode_fast(batch, 7, NOW, encode))
+        direct = outcome(lambda: _encode_fast(batch, seqs, NOW, encode))
         if direct[0] == "ok" and direct[1] is not None:
             assert unlimited[0] == "ok"
             want = unlimited[1] if encode is _LINES else b"".join(line + b"\n" for line in unlimited[1])
@@ -241,3 +244,34 @@ def test_splice_and_dict_paths_agree(n: int) -> None:
     assert a == encode_records(later, 3, record_limit=1 << 20, now=NOW)
     assert a == encode_records(own, 3, record_limit=1 << 20, now=NOW)
     assert a[0] == b'{"seq":3,"ts":1735689600.25,"type":"t","i":0,"s":"","n":null}'
+
+
+@settings(max_examples=max(20, EXAMPLES // 3), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(group=st.lists(st.tuples(batches, st.integers(0, 2**40)), max_size=6),
+       record_limit=st.sampled_from([60, 400, 1 << 16]), batch_limit=st.sampled_from([200, 2000, 1 << 20]))
+@example(group=[([{"type": "b"}], 10), ([{"type": "a", "v": "x" * 50}] * 5, 3)], record_limit=400, batch_limit=200)
+@example(group=[([{"type": "b"}], 10), ([{"type": "a", "v": "x" * 50}], 3)], record_limit=60, batch_limit=2000)
+@example(group=[([{"type": "b", "n": 1}, {"type": "c", "r": msgspec.Raw(b"[1]")}], 2**40), ([], 5),
+                ([{"type": "d"}], 1)], record_limit=400, batch_limit=2000)
+def test_a_group_encoded_in_one_pass_is_each_batch_encoded_alone(
+    group: list[tuple[list[Any], int]], record_limit: int, batch_limit: int
+) -> None:
+    """A SQL group commit encodes its batches (each with its own first seq) in one pass:
+    it gives each batch exactly the lines encode_batch gives it, or declines (None)
+    exactly when some batch would be refused on its own."""
+    limits = Limits(record_limit=record_limit, batch_limit=batch_limit)
+    batches_, firsts = [b for b, _ in group], [f for _, f in group]
+
+    def alone(events: list[Any], first: int) -> Any:
+        try:
+            return encode_batch(events, first, limits, now=NOW)
+        except InvalidEvent:
+            return None
+
+    together = encode_batches(batches_, firsts, limits, now=NOW)
+    each = [alone(b, f) for b, f in zip(batches_, firsts)]
+    if any(lines is None for lines in each):
+        assert together is None
+    else:
+        assert together == each
