@@ -193,3 +193,28 @@ def test_concurrent_groups_over_shared_handles_stay_contiguous(store: SqlStore) 
         total += len(body)
         assert store.scan(sid).status is Status.CLEAN
     assert total == 4 * rounds * 4 * 2
+
+
+def test_a_group_over_many_sessions_keeps_each_session_contiguous(store: SqlStore) -> None:
+    """More sessions in one group than one statement reads the tails of (SQLite: 500);
+    the last session is deleted behind its owner's back, and the error names it."""
+    sids = [f"s{i:04d}" for i in range(1203)]
+    for sid in sids:
+        store.create(sid)
+    handles = [store.session(sid) for sid in sids]
+    try:
+        lasts = store.append_group([(h, notes(1 + i % 3, h.session_id)) for i, h in enumerate(handles)])
+        assert lasts == [1 + 1 + i % 3 for i in range(len(sids))]
+        for i in (0, 499, 500, 501, 1000, 1202):
+            assert tags(store, sids[i]) == [(2 + k, sids[i], k) for k in range(1 + i % 3)]
+        t = store.schema
+        with store.engine.begin() as conn:
+            conn.execute(t.records.delete().where(t.records.c.session_id == sids[-1]))
+            conn.execute(t.sessions.delete().where(t.sessions.c.session_id == sids[-1]))
+        with pytest.raises(SessionNotFound) as gone:
+            store.append_group([(h, notes(1, "y")) for h in handles])
+        assert gone.value.group_index == len(sids) - 1
+        assert [store.scan(sid).last_seq for sid in sids[:3]] == [2, 3, 4]  # nothing of it was written
+    finally:
+        for h in handles:
+            h.close()
