@@ -20,7 +20,7 @@ from typing import Any
 
 from sessionlog.events import encode_record
 
-from . import appends, ceiling, memory, peers, scans
+from . import appends, ceiling, encodes, memory, peers, scans
 from .machine import describe
 from .rounds import Case, Result, run_interleaved
 from .targets import all_targets, evaluate, memory_target, show_memory_target
@@ -139,6 +139,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
             f.writelines(line + b"\n" for line in corpus.body)
     cases.append(scans.msgspec_case(baseline_path, corpus.count()))
     cases += scans.shape_cases(corpus, max_bytes=2 << 20 if settings.smoke else 16 << 20)
+    cases += encodes.encode_cases()
     c, r = scans.repair_cases(backends, corpus)
     cases += c
     results += r
@@ -190,7 +191,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
 
 def _report_order(by_id: dict[str, Result]) -> list[str]:
     """Table order: by group, then backend (as in the URL list), then batch size."""
-    groups = ["ceiling", "append", "sessions", "write-behind", "peer", "scan", "repair", "compression"]
+    groups = ["ceiling", "append", "sessions", "write-behind", "peer", "scan", "repair", "compression", "encode"]
     names = ["raw", "jsonl", "zstd", "sqlite", "postgresql"]
     index = {rid: i for i, rid in enumerate(by_id)}
 

@@ -1,0 +1,95 @@
+"""The Python work of an append: ``sessionlog.scan.encode_batch`` (validate, encode,
+prove) on batches of 1024 events, no I/O. Every backend's append runs it (JSONL and Zstd
+through ``encode_block``, the same rules); what remains of a durable append is the write
+and the sync.
+
+Two reference batches (flat events of scalars; events of the generated transcript, with
+nesting and their own ``ts``) measured in events/s against the per-event targets, and one
+case per adversarial shape (values the fast path must decline or prove another way)
+measured in bytes/s against the transcript batch: a shape that made the encoder
+quadratic would show as a ratio near zero.
+"""
+
+from __future__ import annotations
+
+import itertools
+from types import MappingProxyType
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from .rounds import Case, Work
+
+BATCH = 1024
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def flat_batch() -> list[dict[str, Any]]:
+    return [{"type": "llm/retry", "attempt": i, "model": "gpt-x", "delay": 0.5, "ok": True} for i in range(BATCH)]
+
+
+def transcript_batch() -> list[dict[str, Any]]:
+    from .transcript import events
+
+    return list(itertools.islice(events(3), BATCH))
+
+
+SHAPES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[Any]]]] = {
+    "deep": ("every 8th event holds a value nested 120 deep",
+             lambda base: [dict(e, deep=_nested(120)) if i % 8 == 0 else e for i, e in enumerate(base)]),
+    "raw": ("every event holds a msgspec.Raw (pre-encoded JSON, proven on its bytes)",
+            lambda base: [dict(e, raw=msgspec.Raw(b'{"k":[1,2,{"x":"y"}]}')) for e in base]),
+    "mapping": ("every 8th event a read-only mapping, not a dict (the exact path: each event alone)",
+                lambda base: [MappingProxyType(e) if i % 8 == 0 else e for i, e in enumerate(base)]),
+    "wide": ("one event of 20,000 members in the batch",
+             lambda base: [dict(base[0], **{f"k{j}": j for j in range(20_000)}), *base[1:]]),
+    "long-string": ("every event holds a 16 KiB string of escapes and non-ASCII text",
+                    lambda base: [dict(e, blob='"\\\n\u00e9\u2028' * 3277) for e in base]),
+}
+"""Adversarial batches: the transcript batch with a twist that takes the encoder off its
+fast path."""
+
+
+def encode_id(what: str) -> str:
+    return f"encode/{what}"
+
+
+def shape_id(shape: str) -> str:
+    return f"encode-shape/{shape}"
+
+
+def _case(case_id: str, group: str, label: str, batch: list[Any], unit: str) -> Case:
+    from sessionlog.scan import Limits, encode_batch
+
+    # Limits that take every batch here whole: what is measured is the work per event.
+    limits = Limits(record_limit=1 << 24, batch_limit=1 << 30)
+    nbytes = sum(map(len, encode_batch(batch, 2, limits))) + len(batch)
+
+    def op() -> Work:
+        encode_batch(batch, 2, limits)
+        return (len(batch) if unit == "events/s" else nbytes), nbytes
+
+    return Case(case_id, group, label, op, unit=unit, meta={"events": len(batch), "bytes": nbytes})
+
+
+def encode_cases() -> list[Case]:
+    """The reference batches (events/s and bytes/s of the transcript one) and one case
+    per :data:`SHAPES` entry (bytes/s)."""
+    flat, transcript = flat_batch(), transcript_batch()
+    cases = [
+        _case(encode_id("flat"), "encode", f"encode_batch of {BATCH} flat events (scalars)", flat, "events/s"),
+        _case(encode_id("transcript"), "encode", f"encode_batch of {BATCH} transcript events", transcript,
+              "events/s"),
+        _case(shape_id("transcript"), "encode-shape", f"encode_batch of {BATCH} transcript events (bytes)",
+              transcript, "bytes/s"),
+    ]
+    for shape, (what, make) in SHAPES.items():
+        cases.append(_case(shape_id(shape), "encode-shape", f"encode_batch: {what}", make(transcript), "bytes/s"))
+    return cases
