@@ -32,6 +32,7 @@ from sessionlog.contract import (
     StoreClosed,
     durable_batches,
     events_list,
+    read_start,
     synthetic_lines,
 )
 from sessionlog.durable import (
@@ -593,7 +594,7 @@ class FileStore:
         Raises SequenceConflict (at the end) when ``after_seq`` lies beyond the log's
         last record: the reader saw records that are no longer there."""
         self.check_id(session_id)
-        return self._read(session_id, after_seq)
+        return self._read(session_id, read_start(after_seq))
 
     def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
         path = self.path_of(session_id)

@@ -20,6 +20,7 @@ from sessionlog.contract import (
     SessionNotFound,
     StoreClosed,
     events_list,
+    read_start,
     synthetic_lines,
 )
 from sessionlog.events import (
@@ -210,6 +211,7 @@ class MemoryStore:
 
     def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
         self._check_id(session_id)
+        after_seq = read_start(after_seq)
         records = list(self._records(session_id))
         if after_seq > len(records):
             raise SequenceConflict(

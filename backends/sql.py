@@ -100,6 +100,7 @@ from sessionlog.contract import (
     StoreClosed,
     classify_damage,
     events_list,
+    read_start,
     synthetic_lines,
 )
 from sessionlog.durable import parse_quarantine_name, quarantine_name
@@ -911,7 +912,7 @@ class SqlStore:
         CorruptLog (not a session log). With ``after_seq > 0`` the rows up to it are
         trusted when the row at ``after_seq`` is intact (``scan`` checks them all)."""
         self._check_id(session_id)
-        return self._read(session_id, max(0, after_seq))
+        return self._read(session_id, read_start(after_seq))
 
     def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
         where = self._where(session_id)

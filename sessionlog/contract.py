@@ -477,7 +477,9 @@ class EventStore(Protocol):
         ...
 
     def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
-        """Stream the durable prefix's records with seq > ``after_seq``."""
+        """Stream the durable prefix's records with seq > ``after_seq`` (an int; below 1
+        reads from the header; TypeError for anything else). Raises SequenceConflict
+        when ``after_seq`` lies beyond the prefix's last record."""
         ...
 
     def repair(
@@ -583,3 +585,13 @@ class ImportCheck:
                 raise InvalidEvent(f"import of {self.session_id!r}: record 1 is not this session's header")
         self.last_seq = record.seq
         return record
+
+
+def read_start(after_seq: object) -> int:
+    """``read``'s ``after_seq`` as every backend takes it: an int (not a bool); one below
+    1 reads from the header. Raises TypeError for anything else."""
+    if type(after_seq) is not int:
+        if not isinstance(after_seq, int) or isinstance(after_seq, bool):
+            raise TypeError(f"read: after_seq must be an int, not {type(after_seq).__name__} ({after_seq!r})")
+        after_seq = int(after_seq)
+    return max(after_seq, 0)

@@ -180,6 +180,17 @@ def test_read_after_seq(store):
         list(store.read("s1", after_seq=9))
 
 
+def test_read_after_a_seq_below_one_reads_everything_and_a_non_int_is_refused(store):
+    store.create("s1", CLOSED)
+    everything = [r["seq"] for r in store.read("s1")]
+    assert everything == [1, 2, 3, 4, 5, 6]
+    for start in (0, -1, -100):
+        assert [r["seq"] for r in store.read("s1", after_seq=start)] == everything
+    for bad in ("2", 1.5, None, True):
+        with pytest.raises(TypeError, match="after_seq must be an int"):
+            list(store.read("s1", after_seq=bad))
+
+
 def test_scan_clean_session(store):
     store.create("s1", CLOSED)
     res = store.scan("s1")
