@@ -231,7 +231,12 @@ def test_dispatch_failure_with_errors_raise_stops_new_calls_and_waits_for_starte
 
 @pytest.mark.parametrize("kind", ["to-thread", "async-append"])
 def test_cancellation_aborts_the_step(store: sessionlog.EventStore, kind: str) -> None:
+    started: list[str] = []  # one per slow body running
+
     async def slow(args: Any) -> str:
+        started.append("slow")
+        if len(started) == 2:
+            both_running.set()
         await asyncio.sleep(10)
         return "never"
 
@@ -246,11 +251,16 @@ def test_cancellation_aborts_the_step(store: sessionlog.EventStore, kind: str) -
                 await scope.append_async([{"type": "step/start", "turn": "t1", "step": 1}, message])
                 await dispatch_tools(scope, message["tool_calls"], {"quick": quick, "slow": slow}, concurrency=2)
 
+        nonlocal both_running
+        both_running = asyncio.Event()
         task = asyncio.create_task(step())
-        await asyncio.sleep(0.1)
+        # Cancel once both slow bodies run (q answered, g not found, z's call durable),
+        # whatever the machine's speed.
+        await asyncio.wait_for(both_running.wait(), 30)
         task.cancel()
         await task
 
+    both_running: asyncio.Event
     with store.session("s1") as h, pytest.raises(asyncio.CancelledError):
         asyncio.run(main(_wrap(h, kind)))
     assert tail(store) == [
