@@ -158,6 +158,14 @@ def examine(data: bytes, fmt: ForeignFormat, *, force: bool = False) -> Examinat
     return Examination(fmt, len(data), lines, damage, analysis, plan, force)
 
 
+def str_or_none(value: Any) -> str | None:
+    """``value`` when it is a string, else None. A member a format holds as a string (an
+    id, ``type``, ``role``, ``uuid``) may hold any JSON value in a damaged or hostile file;
+    any other value names nothing, as if the member were missing. Every id, kind or role a
+    format module compares, hashes or keys on goes through this first."""
+    return value if isinstance(value, str) else None
+
+
 def content_text(content: Any) -> str:
     """Text of a message or result ``content``: a string, or the text of its blocks
     (other blocks named in brackets, e.g. ``[image]``)."""
@@ -183,4 +191,4 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-__all__ = ["FORMATS", "Examination", "ForeignFormat", "examine", "get", "sniff"]
+__all__ = ["FORMATS", "Examination", "ForeignFormat", "content_text", "examine", "get", "sniff", "str_or_none"]

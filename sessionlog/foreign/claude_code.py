@@ -38,12 +38,14 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from typing import Any
 
-from . import content_text
+from . import content_text, str_or_none
 from .answers import answer_code, answer_text, orphan_text
 from .lines import Line, decode_line, encode_entry
 from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, UNANSWERED_CALL, Analysis, Finding
 
 CONVERSATION = frozenset({"user", "assistant"})
+ENTRIES = CONVERSATION | {"system", "progress", "attachment"}
+"""Entry types that take part in the ``parentUuid`` tree."""
 TYPES = frozenset({
     "user", "assistant", "system", "summary", "attachment", "file-history-snapshot",
     "queue-operation", "progress", "ai-title", "custom-title", "agent-name", "last-prompt",
@@ -64,6 +66,17 @@ def _message(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _blocks(obj: Mapping[str, Any]) -> list[Any]:
     content = _message(obj).get("content")
     return content if isinstance(content, list) else []
+
+
+def _kind(obj: Mapping[str, Any]) -> str | None:
+    """The entry's or block's ``type``; None when it is not a string (names no type)."""
+    return str_or_none(obj.get("type"))
+
+
+def _result_id(block: Mapping[str, Any]) -> str:
+    """The call a ``tool_result`` block answers: its ``tool_use_id``; "" (no call, as when
+    the member is missing) for any value but a string."""
+    return str_or_none(block.get("tool_use_id")) or ""
 
 
 def _is_result_entry(obj: Mapping[str, Any]) -> bool:
@@ -109,7 +122,7 @@ class _Tree:
             if obj is None:
                 continue
             uid = obj.get("uuid")
-            if not isinstance(uid, str) or obj.get("type") not in CONVERSATION | {"system", "progress", "attachment"}:
+            if not isinstance(uid, str) or _kind(obj) not in ENTRIES:
                 continue
             if uid in self.by_uuid:
                 continue  # a line repeated with its uuid: Claude Code keeps one entry per uuid
@@ -158,8 +171,8 @@ class _Tree:
                 break
             path.append(cur)
             above = self.owner(cur)
-            mid = _message(self.obj(cur)).get("id")
-            if above is None or mid is None or _message(self.obj(above)).get("id") != mid:
+            mid = str_or_none(_message(self.obj(cur)).get("id"))
+            if above is None or mid is None or str_or_none(_message(self.obj(above)).get("id")) != mid:
                 break
             cur = above
         for i in reversed(path):
@@ -202,8 +215,7 @@ def _groups(tree: _Tree) -> tuple[list[_Group], list[tuple[int, int, str, str]]]
         for position, block in enumerate(_blocks(obj)):
             if not (isinstance(block, Mapping) and block.get("type") == "tool_result"):
                 continue
-            rid = block.get("tool_use_id")
-            rid = rid if isinstance(rid, str) else ""
+            rid = _result_id(block)
             if group is None or rid not in group.names:
                 bad.append((index, position, rid, ORPHAN_RESULT))
             elif rid in above or rid in here:
@@ -293,7 +305,7 @@ class ClaudeCode:
 
     def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool:
         for obj in objects:
-            kind = obj.get("type")
+            kind = _kind(obj)
             if "payload" in obj or "seq" in obj or kind not in TYPES:
                 return False
             if ("uuid" in obj and "parentUuid" in obj) or "sessionId" in obj or "leafUuid" in obj \
@@ -314,6 +326,7 @@ class ClaudeCode:
         results = {i for g in groups for i in g.results}
         evidence = _evidence(lines, asking, results)
         new_parent: dict[int, str | None] = {}
+        inserted: set[str] = set()  # uuids of the answer entries the plan adds
         bad_at: dict[int, set[int]] = {}
         for index, position, _, _ in bad:
             bad_at.setdefault(index, set()).add(position)
@@ -340,6 +353,7 @@ class ClaudeCode:
             calls = [(u, group.names[u], evidence.get(u)) for u in missing]
             entry = _answer_entry(asker, parent, calls)
             plan.insert(point, encode_entry(entry))
+            inserted.add(entry["uuid"])
             for kid in tree.children.get(parent, ()):
                 new_parent[kid] = entry["uuid"]
             for cid, name, ev in calls:
@@ -373,7 +387,7 @@ class ClaudeCode:
                 plan.replace[index] = _reparented(lines[index], new_parent[index])
         for index in tree.entries:
             parent = new_parent.get(index, tree.obj(index).get("parentUuid"))
-            if isinstance(parent, str) and parent not in tree.by_uuid:
+            if isinstance(parent, str) and parent not in tree.by_uuid and parent not in inserted:
                 analysis.findings.append(Finding(
                     BROKEN_CHAIN, lines[index].number,
                     f"parentUuid {parent} names no entry of this file: resume loses what came before",
@@ -408,7 +422,7 @@ class ClaudeCode:
 
     def _chain(self, tree: _Tree) -> list[int]:
         """The resumed chain: from the newest leaf back to its root, in order."""
-        conv = [i for i in tree.entries if tree.obj(i).get("type") in CONVERSATION]
+        conv = [i for i in tree.entries if _kind(tree.obj(i)) in CONVERSATION]
         main = [i for i in conv if tree.obj(i).get("isSidechain") is not True] or conv
         if not main:
             return []
@@ -416,7 +430,7 @@ class ClaudeCode:
         seen = {cur}
         while True:
             kids = [k for k in tree.children.get(str(tree.obj(cur).get("uuid")), ())
-                    if tree.obj(k).get("type") in CONVERSATION and k not in seen]
+                    if _kind(tree.obj(k)) in CONVERSATION and k not in seen]
             if not kids:
                 break
             cur = kids[-1]
@@ -453,13 +467,14 @@ class ClaudeCode:
             ordered = [r for r in current.results if r in on_chain] + [r for r in current.results if r not in on_chain]
             for r in ordered:
                 rblocks = [b for b in _blocks(tree.obj(r)) if isinstance(b, Mapping) and b.get("type") == "tool_result"]
-                if r not in on_chain and any(b.get("tool_use_id") in ids for b in rblocks):
+                named = {rid for b in rblocks if (rid := str_or_none(b.get("tool_use_id"))) is not None}
+                if r not in on_chain and not named.isdisjoint(ids):
                     continue
                 emitted.add(r)
-                ids.update(str(b.get("tool_use_id")) for b in rblocks)
+                ids.update(named)
                 blocks.extend(_blocks(tree.obj(r)))
             order = {u: i for i, u in enumerate(current.uses)}
-            blocks.sort(key=lambda b: order.get(b.get("tool_use_id"), len(order))
+            blocks.sort(key=lambda b: order.get(_result_id(b), len(order))
                         if isinstance(b, Mapping) and b.get("type") == "tool_result" else len(order) + 1)
             turns.append(("results", blocks))
             current = None
@@ -494,10 +509,11 @@ class ClaudeCode:
             role = "user" if role == "results" else role
             if not blocks:
                 continue
+            blocks = [_ids_named(b) for b in blocks]
             if items and items[-1]["role"] == role:
                 items[-1]["content"].extend(blocks)
             else:
-                items.append({"role": role, "content": list(blocks)})
+                items.append({"role": role, "content": blocks})
         return items
 
     def events(self, lines: list[Line]) -> list[dict[str, Any]]:
@@ -509,7 +525,7 @@ class ClaudeCode:
 
         for role, blocks in self._turns(lines):
             if role == "assistant":
-                calls = [{"id": b.get("id"), "name": b.get("name"), "arguments": b.get("input")}
+                calls = [{"id": str_or_none(b.get("id")), "name": b.get("name"), "arguments": b.get("input")}
                          for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
                 text = content_text([b for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"])
                 add({"type": "assistant/message", "content": text or None, "tool_calls": calls})
@@ -517,7 +533,7 @@ class ClaudeCode:
             others = []
             for b in blocks:
                 if isinstance(b, Mapping) and b.get("type") == "tool_result":
-                    add({"type": "tool/result", "call_id": b.get("tool_use_id"),
+                    add({"type": "tool/result", "call_id": str_or_none(b.get("tool_use_id")),
                          "output": content_text(b.get("content")), "is_error": b.get("is_error") is True})
                 else:
                     others.append(b)
@@ -552,13 +568,25 @@ class ClaudeCode:
                 if not isinstance(record, dict) or record.get("sessionId") != session:
                     continue
                 pid = record.get("pid")
-                if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+                if type(pid) is int and 0 < pid != os.getpid() and _alive(pid):
                     found.append(f"Claude Code process {pid} runs this session ({os.path.join(sessions, name)})")
         return found
 
 
+def _ids_named(block: Any) -> Any:
+    """``block`` as the pairing checker reads it: a ``tool_use`` ``id`` or ``tool_result``
+    ``tool_use_id`` that is not a string names no call, so it is given as None (as if the
+    member were missing); any other block as it is."""
+    if isinstance(block, Mapping):
+        key = {"tool_use": "id", "tool_result": "tool_use_id"}.get(_kind(block) or "")
+        if key is not None and key in block and not isinstance(block[key], str):
+            return {**block, key: None}
+    return block
+
+
 def _uses_of(obj: Mapping[str, Any]) -> set[str]:
-    return {b.get("id") for b in _blocks(obj) if isinstance(b, Mapping) and b.get("type") == "tool_use"}
+    return {use for b in _blocks(obj) if isinstance(b, Mapping) and b.get("type") == "tool_use"
+            and (use := str_or_none(b.get("id"))) is not None}
 
 
 def _textified(obj: Mapping[str, Any], bad: set[int]) -> dict[str, Any]:
@@ -569,7 +597,8 @@ def _textified(obj: Mapping[str, Any], bad: set[int]) -> dict[str, Any]:
     moved: list[Any] = []
     for position, block in enumerate(_blocks(obj)):
         if position in bad:
-            rid = str(block.get("tool_use_id"))
+            rid = block.get("tool_use_id")
+            rid = rid if isinstance(rid, str) else json.dumps(rid, ensure_ascii=False)
             moved.append({"type": "text", "text": orphan_text(rid) + "\n" + content_text(block.get("content"))})
             continue
         keep.append(block)
@@ -601,7 +630,7 @@ def _claude_dirs(path: str) -> list[str]:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no process has that number
         return False
     except PermissionError:
         return True

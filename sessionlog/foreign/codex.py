@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import content_text
+from . import content_text, str_or_none
 from .answers import answer_code, answer_text
 from .lines import Line, encode_entry
 from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
@@ -51,7 +51,13 @@ def _payload(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return payload if isinstance(payload, Mapping) else {}
 
 
+def _kind(item: Mapping[str, Any]) -> str | None:
+    """A line's or item's ``type``; None when it is not a string (names no type)."""
+    return str_or_none(item.get("type"))
+
+
 def _call_id(item: Mapping[str, Any]) -> str | None:
+    """The call an item names; None (no call) when missing, empty or not a string."""
     cid = item.get("call_id")
     if not isinstance(cid, str) and item.get("type") == "local_shell_call":
         cid = item.get("id")
@@ -111,7 +117,7 @@ class Codex:
 
     def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool:
         for obj in objects:
-            return (obj.get("type") in TYPES and isinstance(obj.get("timestamp"), str)
+            return (_kind(obj) in TYPES and isinstance(obj.get("timestamp"), str)
                     and isinstance(obj.get("payload"), Mapping))
         return head.startswith(b'{"timestamp":"') and any(
             f'","type":"{t}"'.encode() in head[:80] for t in TYPES)
@@ -121,7 +127,7 @@ class Codex:
         plan = analysis.plan
         evidence: dict[str, str] = {}
         ordinals = [obj["ordinal"] for line in lines if (obj := line.obj) is not None
-                    and isinstance(obj.get("ordinal"), int)]
+                    and type(obj.get("ordinal")) is int]
         next_ordinal = max(ordinals) + 1 if ordinals else None
         for line in lines:
             obj = line.obj
@@ -138,7 +144,7 @@ class Codex:
             answered: set[str] = set()
             last_message = -1  # line of the latest message item in the stretch
             for index, item in epoch:
-                kind = item.get("type")
+                kind = _kind(item)
                 cid = _call_id(item)
                 if kind == "message":
                     last_message = index
@@ -192,7 +198,7 @@ class Codex:
                     ordinal, next_ordinal = next_ordinal, next_ordinal + 1
                 plan.insert(after, encode_entry(_output_line(template, item, cid, answer_text(
                     _tool_name(item), cid, ev), ordinal)))
-                plan.added.append({"type": ANSWER[str(item.get("type"))], "call_id": cid, "code": code,
+                plan.added.append({"type": ANSWER[str(_kind(item))], "call_id": cid, "code": code,
                                    "after_line": lines[after].number})
                 analysis.unanswered.append(cid)
                 analysis.findings.append(Finding(
@@ -219,7 +225,7 @@ class Codex:
     def native_items(self, lines: list[Line]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         for _, item in _history(lines):
-            kind = item.get("type")
+            kind = _kind(item)
             if kind in ANSWER and _call_id(item) is None:
                 continue  # no call_id: Codex cannot read the item either
             if kind in ANSWER:
@@ -227,7 +233,7 @@ class Codex:
                 items.append({"type": "function_call", "call_id": _call_id(item), "name": _tool_name(item),
                               "arguments": args if isinstance(args, str) else json.dumps(args)})
             elif kind in OUTPUTS:
-                items.append({"type": "function_call_output", "call_id": item.get("call_id"),
+                items.append({"type": "function_call_output", "call_id": str_or_none(item.get("call_id")),
                               "output": _output_text(item)})
             elif kind == "message":
                 items.append({"type": "message", "role": item.get("role"), "content": item.get("content")})
@@ -243,7 +249,7 @@ class Codex:
             return record
 
         for _, item in _history(lines):
-            kind = item.get("type")
+            kind = _kind(item)
             if kind in ANSWER and _call_id(item) is None:
                 continue
             if kind in ANSWER:
@@ -256,7 +262,7 @@ class Codex:
                 continue
             open_message = None
             if kind in OUTPUTS:
-                add({"type": "tool/result", "call_id": item.get("call_id"), "output": _output_text(item),
+                add({"type": "tool/result", "call_id": str_or_none(item.get("call_id")), "output": _output_text(item),
                      "is_error": False})
             elif kind == "message" and item.get("role") in ("user", "assistant"):
                 text = content_text(item.get("content"))
@@ -287,13 +293,13 @@ def _output_line(template: Mapping[str, Any], call: Mapping[str, Any], cid: str,
                  ordinal: int | None) -> dict[str, Any]:
     """The rollout line answering ``call``, members in the order of ``template`` (the line
     before it)."""
-    kind = ANSWER[str(call.get("type"))]
+    kind = ANSWER[str(_kind(call))]
     if kind == "tool_search_output":
         payload: dict[str, Any] = {"type": kind, "call_id": cid, "status": "completed",
                                    "execution": call.get("execution", "client"), "tools": []}
     else:
         payload = {"type": kind, "call_id": cid, "output": text}
-    values = {"timestamp": template.get("timestamp"), "type": "response_item", "payload": payload}
+    values = {"timestamp": str_or_none(template.get("timestamp")), "type": "response_item", "payload": payload}
     if ordinal is not None:
         values["ordinal"] = ordinal
     order = [k for k in template if k in values] + [k for k in ("timestamp", "type", "payload", "ordinal")
