@@ -20,6 +20,8 @@ GROUP_TITLES = {
     "scan-shape": "Scan of adversarial log shapes (in memory, bytes/s)",
     "repair": "Repair",
     "compression": "Compression",
+    "encode": "Encoding an append batch (encode_batch, no I/O)",
+    "encode-shape": "Encoding adversarial batches (bytes/s)",
 }
 
 
@@ -37,6 +39,8 @@ def reference_of(rid: str, row: dict[str, Any]) -> str | None:
         return "scan/msgspec-baseline"
     if group == "scan-shape" and rid != "scan-shape/compact":
         return "scan-shape/compact"
+    if group == "encode-shape" and rid != "encode-shape/transcript":
+        return "encode-shape/transcript"
     return None
 
 
@@ -67,6 +71,8 @@ def _rows(doc: dict[str, Any]) -> Iterable[tuple[str, list[tuple[str, dict[str, 
     results: dict[str, dict[str, Any]] = doc["results"]
     for group, title in GROUP_TITLES.items():
         members = [(rid, row) for rid, row in results.items() if row["group"] == group]
+        if group.endswith("-shape"):  # the reference shape first, then the shapes read against it
+            members.sort(key=lambda member: reference_of(*member) is not None)
         if members:
             yield title, members
 
@@ -87,7 +93,9 @@ def _cells(doc: dict[str, Any], rid: str, row: dict[str, Any]) -> list[str]:
     if len(rounds) > 1 and median:
         spread = f"±{(max(rounds) - min(rounds)) / 2 / median * 100:.0f}%"
     note = ""
-    if row["group"] in ("repair", "scan") and row.get("seconds_per_op") is not None:
+    if row["group"] == "encode" and median:
+        note = f"{1e6 / median:.2f} µs per event"
+    elif row["group"] in ("repair", "scan") and row.get("seconds_per_op") is not None:
         note = f"{row['seconds_per_op']:.2f} s per pass"
         if row.get("disk_bytes"):
             note += f", {fmt_bytes(row['disk_bytes'])} on disk"
