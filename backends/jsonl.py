@@ -47,8 +47,11 @@ class JsonlFraming:
         whole line there decodes and the seqs run on to the last one. A NUL hole, a seq
         break or a corrupt record that the last append could have left is found before a
         new record is written after it. Deeper history is the business of a full scan."""
-        head = fs.pread(fd, limits.record_limit + 2, 0)
+        head = fs.pread(fd, min(HEAD_PROBE, limits.record_limit + 2), 0)
         nl = head.find(b"\n")
+        if nl < 0 and len(head) == HEAD_PROBE:  # a header longer than the probe: read it whole
+            head = fs.pread(fd, limits.record_limit + 2, 0)
+            nl = head.find(b"\n")
         header = _decode(head[:nl] if nl >= 0 else b"", where, 0, "the header")
         check_header(header, session_id, where)
         if size == nl + 1:
@@ -85,6 +88,11 @@ class JsonlFraming:
             offset += len(line) + 1
             last = record
         return last.seq, last.ts
+
+
+HEAD_PROBE = 64 << 10
+"""Bytes read at offset 0 to find the header line when a session is opened (the whole
+record limit only when the header is longer)."""
 
 
 def _decode(line: bytes, where: str, offset: int, what: str) -> Record:

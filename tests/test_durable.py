@@ -759,3 +759,23 @@ def test_a_repair_stopped_after_any_prefix_of_its_plan_is_finished_by_the_next(t
         assert store.scan("s").status == "clean"
 
     run()
+
+
+@pytest.mark.parametrize("meta_bytes", [0, 60_000, 200_000])
+def test_a_session_whose_header_is_longer_than_the_first_read_still_opens(tmp_path, meta_bytes):
+    """Opening a JSONL session reads a short probe at offset 0 for the header line and the
+    whole record limit only when the header is longer: either way the same header, and a
+    header with no newline within the record limit is still refused."""
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    path = tmp_path / "s1.jsonl"
+    header = json.loads(path.read_bytes().splitlines()[0])
+    header["meta"] = "m" * meta_bytes  # an unknown header member: kept, never re-encoded
+    path.write_bytes(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+    with store.session("s1") as s:
+        assert s.append([{"type": "note/x", "n": 1}]) == 2
+    assert [r["seq"] for r in store.read("s1")] == [1, 2]
+    assert store.scan("s1").status is sessionlog.Status.CLEAN
+    path.write_bytes(b'{"seq":1' + b" " * (2 << 20))  # no line end within the record limit
+    with pytest.raises(CorruptLog, match="the header"):
+        store.session("s1")
