@@ -417,7 +417,7 @@ class FileStore:
         this store's framing, the number of records and the last record's ``ts``. Raises
         InvalidEvent for an event at fault or a batch over the batch limit.
 
-        A framing with ``encode_block`` (JSONL) takes the batch's JSONL bytes as they
+        A framing with ``encode_block`` (JSONL, Zstd) takes the batch's JSONL bytes as they
         were encoded, without a copy; any other is given the record lines."""
         block, n, last_ts = encode_block(events, first_seq, self.limits)
         framing = self.framing

@@ -103,7 +103,13 @@ class ZstdFraming:
         """One frame whose content is ``lines`` as JSONL. Raises InvalidEvent when the
         content exceeds the frame limit (what a reader would refuse)."""
         # One join makes the content (the trailing newline too): no second copy of the batch.
-        content = b"\n".join([*lines, b""]) if lines else b"\n"
+        return self.encode_block(b"\n".join([*lines, b""]) if lines else b"\n")
+
+    def encode_block(self, block: bytes) -> bytes:
+        """One frame whose content is a batch's JSONL bytes as they were encoded (each
+        line ending in a newline), compressed without splitting them first. Raises
+        InvalidEvent when the content exceeds the frame limit."""
+        content = block or b"\n"
         if len(content) > self.frame_limits.content:
             raise InvalidEvent(
                 f"batch of {len(content)} bytes exceeds the batch limit of {self.frame_limits.content} bytes; split it"
