@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import reprlib
 import struct
 import tempfile
 from array import array
@@ -854,10 +855,15 @@ def check_pairing(
       ``tool_result`` anywhere else is a violation.
 
     An item that is not a JSON object is a violation in every format (it is the one
-    named, wherever it is). ``items`` is read once, in order (any iterable: see
-    :class:`PairingCheck` for the checker fed one item at a time).
+    named, wherever it is). Any JSON value anywhere else is judged, never raised on: an id
+    that is not a string (or is empty) names no call, so a call or ``tool_use`` with one is
+    a violation, as is a ``tool``/``function_call_output``/``tool_result`` answering one
+    (the violation's ``call_id`` is then None); ``tool_calls`` that is not a list is a
+    violation. A value a message quotes is shown as a bounded repr. ``items`` is read
+    once, in order (any iterable: see :class:`PairingCheck` for the checker fed one item
+    at a time).
 
-    Raises :class:`UnknownFormat` for an unknown ``fmt``."""
+    Raises :class:`UnknownFormat` for an unknown ``fmt`` (nothing else)."""
     check = PairingCheck(fmt, server_calls=server_calls)
     for item in items:
         check.feed(item)
@@ -866,6 +872,34 @@ def check_pairing(
 
 _ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxstring, _QUOTE.maxother = 2, 60, 60
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = _QUOTE.maxset = 4
+_QUOTED_MAX: Final = 80
+
+
+def _q(value: Any) -> str:
+    """``value`` as a violation message quotes it: its repr, at most about 80 characters
+    however large or deep the value (an id string of up to 58 characters in full)."""
+    try:
+        text = _QUOTE.repr(value)
+    except (ValueError, RecursionError):  # an int past the str conversion limit, a deep Mapping
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= _QUOTED_MAX else text[:_QUOTED_MAX - 3] + "..."
+
+
+def _count(values: list[Any], value: Any) -> int:
+    """``values.count(value)``; a comparison too deep for the stack counts as unequal."""
+    try:
+        return values.count(value)
+    except RecursionError:
+        return 1
+
+
+def _named(call_id: Any) -> str | None:
+    """A violation's ``call_id``: the id when it is a string, else None (it names no call)."""
+    return call_id if isinstance(call_id, str) else None
+
 
 def _blocks(message: Mapping[str, Any]) -> list[Any]:
     content = message.get("content")
@@ -873,23 +907,19 @@ def _blocks(message: Mapping[str, Any]) -> list[Any]:
 
 
 class _Answered:
-    """The call ids a Responses input answered: an IdTable, and a set for whatever else
-    ``server_calls`` held."""
+    """The call ids a Responses input answered (strings: an id of another type answers
+    nothing)."""
 
-    __slots__ = ("ids", "other")
+    __slots__ = ("ids",)
 
     def __init__(self) -> None:
         self.ids = IdTable()
-        self.other: set[Any] = set()
 
     def __contains__(self, call_id: Any) -> bool:
-        return call_id in self.ids if isinstance(call_id, str) else call_id in self.other
+        return call_id in self.ids  # IdTable: False for anything but a str
 
-    def add(self, call_id: Any) -> None:
-        if isinstance(call_id, str):
-            self.ids[call_id] = 0
-        else:
-            self.other.add(call_id)
+    def add(self, call_id: str) -> None:
+        self.ids[call_id] = 0
 
 
 class PairingCheck:
@@ -902,10 +932,15 @@ class PairingCheck:
                  "_expected", "_owner", "_used", "_open", "_answered", "_prev", "_cur")
 
     def __init__(self, fmt: str, *, server_calls: Collection[str] = ()) -> None:
+        """Raises :class:`UnknownFormat` for an unknown ``fmt``; :meth:`feed` and
+        :meth:`result` raise nothing for any item (a :class:`RuntimeError` only for a
+        ``feed`` after ``result()``)."""
         _check_format(fmt)
         self.format = fmt
         self.count = 0
-        self._server_calls = server_calls
+        # Only a string id can be a call's: anything else in server_calls is never matched.
+        self._server_calls = frozenset((server_calls,) if isinstance(server_calls, str) else
+                                       (c for c in server_calls if isinstance(c, str)))
         self._first: Violation | None = None  # the first violation of the format's rules
         self._nonobject: Violation | None = None  # the first item that is not an object
         self._done = False
@@ -957,12 +992,12 @@ class PairingCheck:
         if self.format == "openai":
             expected = self._expected
             if expected:
-                return Violation(expected[0], self.count, f"end of messages: call {expected[0]!r} of assistant "
+                return Violation(expected[0], self.count, f"end of messages: call {_q(expected[0])} of assistant "
                                  f"message {self._owner} has no tool message")
         elif self.format == "responses":
             if self._open:
                 call_id, index = next(iter(self._open.items()))
-                return Violation(call_id, index, f"item {index}: function_call {call_id!r} has no "
+                return Violation(call_id, index, f"item {index}: function_call {_q(call_id)} has no "
                                  "function_call_output")
         elif self._cur is not None:
             return self._anthropic(self.count - 1, self._cur, self._prev, None)
@@ -973,21 +1008,23 @@ class PairingCheck:
         role = item.get("role")
         if role == "tool":
             call_id = item.get("tool_call_id")
-            if call_id not in expected:
+            if not isinstance(call_id, str) or call_id not in expected:  # a list id is never hashed
                 owner = self._owner
                 why = "duplicate or unrequested" if owner >= 0 else "no assistant message right before asked for it"
-                return Violation(call_id, i, f"message {i}: tool message for call {call_id!r} is {why}"
+                return Violation(_named(call_id), i, f"message {i}: tool message for call {_q(call_id)} is {why}"
                                  + (f" (assistant message {owner})" if owner >= 0 else ""))
             expected.remove(call_id)
             if not isinstance(item.get("content"), (str, list)):
-                return Violation(call_id, i, f"message {i}: tool message for call {call_id!r} has no content")
+                return Violation(call_id, i, f"message {i}: tool message for call {_q(call_id)} has no content")
             return None
         if expected:
-            return Violation(expected[0], i, f"message {i}: call {expected[0]!r} of assistant message "
+            return Violation(expected[0], i, f"message {i}: call {_q(expected[0])} of assistant message "
                              f"{self._owner} has no tool message before it")
         self._owner = -1
         if role == "assistant" and item.get("tool_calls"):
             calls = item["tool_calls"]
+            if not isinstance(calls, list):
+                return Violation(None, i, f"message {i}: tool_calls is not a list ({type(calls).__name__})")
             seen: set[str] = set()
             for call in calls:
                 call_id = call.get("id") if isinstance(call, Mapping) else None
@@ -995,14 +1032,14 @@ class PairingCheck:
                 if not isinstance(call_id, str) or not call_id:
                     return Violation(None, i, f"message {i}: a tool call without an id")
                 if len(call_id) > 40:
-                    return Violation(call_id, i, f"message {i}: call id {call_id!r} is longer than 40 characters")
+                    return Violation(call_id, i, f"message {i}: call id {_q(call_id)} is longer than 40 characters")
                 if call_id in seen:
-                    return Violation(call_id, i, f"message {i}: call id {call_id!r} repeated")
+                    return Violation(call_id, i, f"message {i}: call id {_q(call_id)} repeated")
                 if call_id in used:
-                    return Violation(call_id, i, f"message {i}: call id {call_id!r} repeated "
+                    return Violation(call_id, i, f"message {i}: call id {_q(call_id)} repeated "
                                      f"(assistant message {used[call_id]} used it)")
                 if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
-                    return Violation(call_id, i, f"message {i}: call {call_id!r} arguments are not a JSON string")
+                    return Violation(call_id, i, f"message {i}: call {_q(call_id)} arguments are not a JSON string")
                 seen.add(call_id)
                 expected.append(call_id)
             for call_id in seen:
@@ -1018,16 +1055,19 @@ class PairingCheck:
             if not isinstance(call_id, str) or not call_id:
                 return Violation(None, i, f"item {i}: function_call without a call_id")
             if call_id in open_calls or call_id in answered or call_id in server_calls:
-                return Violation(call_id, i, f"item {i}: function_call {call_id!r} repeated")
+                return Violation(call_id, i, f"item {i}: function_call {_q(call_id)} repeated")
             if not isinstance(item.get("arguments"), str):
-                return Violation(call_id, i, f"item {i}: function_call {call_id!r} arguments are not a JSON string")
+                return Violation(call_id, i, f"item {i}: function_call {_q(call_id)} arguments are not a JSON string")
             open_calls[call_id] = i
         elif kind == "message" and open_calls:
             call_id, index = next(iter(open_calls.items()))
             return Violation(call_id, i, f"item {i}: a message comes before the output of function_call "
-                             f"{call_id!r} (item {index})")
+                             f"{_q(call_id)} (item {index})")
         elif kind == "function_call_output":
             call_id = item.get("call_id")
+            if not isinstance(call_id, str):  # answers no call (and is never hashed)
+                return Violation(None, i, f"item {i}: function_call_output for {_q(call_id)} has no "
+                                 "function_call before it")
             if call_id in open_calls:
                 del open_calls[call_id]
                 answered.add(call_id)
@@ -1035,12 +1075,14 @@ class PairingCheck:
                 answered.add(call_id)
             else:
                 why = "a second output" if call_id in answered else "no function_call before it"
-                return Violation(call_id, i, f"item {i}: function_call_output for {call_id!r} has {why}")
+                return Violation(call_id, i, f"item {i}: function_call_output for {_q(call_id)} has {why}")
         return None
 
     def _anthropic(self, i: int, message: Mapping[str, Any], prev: Mapping[str, Any] | None,
                    nxt: Mapping[str, Any] | None) -> Violation | None:
-        """Message ``i``, judged with the one before it (``prev``) and after it (``nxt``)."""
+        """Message ``i``, judged with the one before it (``prev``) and after it (``nxt``).
+        Ids are hashed and counted only once they are known to be strings: a result's id of
+        any other type answers no ``tool_use``."""
         used = self._used
         role = message.get("role")
         blocks = _blocks(message)
@@ -1050,18 +1092,19 @@ class PairingCheck:
                 return None
             for use in uses:
                 if not isinstance(use, str) or not _ANTHROPIC_ID.fullmatch(use):
-                    return Violation(use if isinstance(use, str) else None, i,
-                                     f"message {i}: tool_use id {use!r} does not match ^[a-zA-Z0-9_-]+$")
-            if len(set(uses)) != len(uses):
-                dup = next(u for u in uses if uses.count(u) > 1)
-                return Violation(dup, i, f"message {i}: tool_use id {dup!r} repeated")
+                    return Violation(_named(use), i,
+                                     f"message {i}: tool_use id {_q(use)} does not match ^[a-zA-Z0-9_-]+$")
+            counts = Counter(uses)
+            if len(counts) != len(uses):
+                dup = next(u for u in uses if counts[u] > 1)
+                return Violation(dup, i, f"message {i}: tool_use id {_q(dup)} repeated")
             for use in uses:
                 if use in used:
-                    return Violation(use, i, f"message {i}: tool_use id {use!r} repeated "
+                    return Violation(use, i, f"message {i}: tool_use id {_q(use)} repeated "
                                      f"(message {used[use]} used it)")
                 used[use] = i
             if nxt is None or nxt.get("role") != "user":
-                return Violation(uses[0], i, f"message {i}: tool_use {uses[0]!r} is not followed by a user "
+                return Violation(uses[0], i, f"message {i}: tool_use {_q(uses[0])} is not followed by a user "
                                  "message with its tool_result")
             following = _blocks(nxt)
             lead = []
@@ -1072,24 +1115,32 @@ class PairingCheck:
             rest = [b.get("tool_use_id") for b in following[len(lead):]
                     if isinstance(b, Mapping) and b.get("type") == "tool_result"]
             if rest:
-                return Violation(rest[0], i + 1, f"message {i + 1}: tool_result for {rest[0]!r} does not come "
-                                 "before the other content")
+                return Violation(_named(rest[0]), i + 1, f"message {i + 1}: tool_result for {_q(rest[0])} does not "
+                                 "come before the other content")
+            answered = Counter(res for res in lead if isinstance(res, str))
             for use in uses:
-                if use not in lead:
-                    return Violation(use, i + 1, f"message {i + 1}: no tool_result for tool_use {use!r} of "
+                if use not in answered:
+                    return Violation(use, i + 1, f"message {i + 1}: no tool_result for tool_use {_q(use)} of "
                                      f"message {i}")
             for res in lead:
-                if lead.count(res) > 1:
-                    return Violation(res, i + 1, f"message {i + 1}: tool_result for {res!r} repeated")
-                if res not in uses:
-                    return Violation(res, i + 1, f"message {i + 1}: tool_result for {res!r}, which message {i} "
+                if not isinstance(res, str):  # never equal to a tool_use id: not asked for
+                    why = "repeated" if _count(lead, res) > 1 else f", which message {i} did not ask for"
+                    return Violation(None, i + 1, f"message {i + 1}: tool_result for {_q(res)}"
+                                     f"{' ' if why == 'repeated' else ''}{why}")
+                if answered[res] > 1:
+                    return Violation(res, i + 1, f"message {i + 1}: tool_result for {_q(res)} repeated")
+                if res not in counts:
+                    return Violation(res, i + 1, f"message {i + 1}: tool_result for {_q(res)}, which message {i} "
                                      "did not ask for")
         elif role == "user":
             asked = {b.get("id") for b in (_blocks(prev) if prev is not None and prev.get("role") == "assistant"
-                                            else []) if isinstance(b, Mapping) and b.get("type") == "tool_use"}
+                                            else []) if isinstance(b, Mapping) and b.get("type") == "tool_use"
+                     and isinstance(b.get("id"), str)}
             for b in blocks:
-                if isinstance(b, Mapping) and b.get("type") == "tool_result" and b.get("tool_use_id") not in asked:
-                    rid = b.get("tool_use_id")
-                    return Violation(rid, i, f"message {i}: tool_result for {rid!r} answers no tool_use "
+                if not (isinstance(b, Mapping) and b.get("type") == "tool_result"):
+                    continue
+                rid = b.get("tool_use_id")
+                if not isinstance(rid, str) or rid not in asked:
+                    return Violation(_named(rid), i, f"message {i}: tool_result for {_q(rid)} answers no tool_use "
                                      "in the message before it")
         return None

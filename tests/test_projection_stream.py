@@ -26,6 +26,7 @@ from sessionlog.projection import (
     SessionChanged,
     StreamedView,
     UnknownFormat,
+    Violation,
     check_pairing,
     project,
     stream_view,
@@ -293,10 +294,12 @@ def anthropic_item(draw: st.DrawFn) -> Any:
 
 
 def _outcome(check: Any, *args: Any, **kw: Any) -> Any:
-    try:
-        return check(*args, **kw)
-    except TypeError as exc:  # an unhashable id: both checkers stumble on it the same way
-        return ("TypeError", str(exc))
+    """The verdict; a violation's call id that is not a string is None (the oracle names
+    the value, the checker names no call: tests/test_pairing_hostile.py)."""
+    violation = check(*args, **kw)
+    if violation is not None and not isinstance(violation.call_id, (str, type(None))):
+        violation = Violation(None, violation.index, violation.message)
+    return violation
 
 
 ITEMS = {"openai": openai_item(), "responses": responses_item(), "anthropic": anthropic_item()}
