@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import InvalidStoreUrl, open_store
+from . import InvalidStoreUrl, open_store, scheme_of
 from .contract import (
     CompactReport,
     EventStore,
@@ -117,6 +118,11 @@ def convert(
     SRC and DST may be plain paths (see :mod:`sessionlog.targets`); a path naming one
     session file selects that session (SRC: the session its header names).
 
+    A DST that does not exist yet is created only when the first session is to be written
+    to it: a convert that writes nothing (every session refused, locked or failing, or
+    none at all) leaves no new directory or database file behind, and one whose first
+    write fails removes what opening DST created, while it is still empty.
+
     Raises InvalidStoreUrl, SessionNotFound (no SRC store or session), IOFailure."""
     if isinstance(src, str):
         [target, *more] = resolve(src, session=session)
@@ -135,17 +141,102 @@ def convert(
     store = target.open(writing=False)
     try:
         ids = target.sessions(store)
-        dst = open_store(dst_url)
-        try:
-            existing = set(dst.sessions())
-            return [_convert_one(store, dst, sid, sid in existing, repaired, force, progress) for sid in ids]
-        finally:
-            dst.close()
+        with Destination(dst_url) as dst:
+            return [_convert_one(store, dst, sid, repaired, force, progress) for sid in ids]
     finally:
         store.close()
 
 
-def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repaired: bool, force: bool,
+def _new_paths(url: str) -> list[str]:
+    """The files and directories opening the store ``url`` may create, when it is a local
+    store that does not exist yet (empty: it exists, or it is not local)."""
+    scheme = scheme_of(url)
+    if scheme in ("jsonl", "zstd"):
+        directory = url.partition(":")[2]
+        directory = directory[2:] if directory.startswith("//") else directory
+        return [os.path.abspath(directory)] if directory and not os.path.lexists(directory) else []
+    if scheme == "sqlite":
+        path = url.partition(":///")[2].partition("?")[0]
+        if not path or path == ":memory:" or os.path.lexists(path):
+            return []
+        path = os.path.abspath(path)
+        lock_dir = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.locks")
+        return [p for p in (path, *(path + s for s in ("-wal", "-shm", "-journal")), lock_dir)
+                if not os.path.lexists(p)]
+    return []
+
+
+class Destination:
+    """The store a command writes new sessions into (``convert``'s and ``salvage``'s DST),
+    so that a command that writes nothing creates nothing.
+
+    A DST that exists is opened at once (its errors come before any SRC work); a local
+    one that does not exist (a directory, a SQLite file) is created by :meth:`open`, which
+    the command calls for the first session it is about to write. On exit, if opening
+    created it and no session was published in it (``published``: the command failed, or
+    its write did), what opening created is removed, each path only while it is still
+    empty. A PostgreSQL DST is opened at once (the database exists; nothing to remove)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.created = _new_paths(url)
+        self.published = False
+        self._store: EventStore | None = None
+        self._existing: set[str] = set()
+        if not self.created:
+            self.open()
+
+    def open(self) -> EventStore:
+        """The store, opened (and created) on the first call."""
+        if self._store is None:
+            try:
+                self._store = open_store(self.url)
+                self._existing = set(self._store.sessions())
+            except BaseException:
+                self.__exit__(None, None, None)
+                raise
+        return self._store
+
+    def holds(self, sid: str) -> bool:
+        """Whether DST held the session when it was opened."""
+        self.open()
+        return sid in self._existing
+
+    def __enter__(self) -> Destination:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        store, self._store = self._store, None
+        empty = not self.published
+        try:
+            if store is not None:
+                if empty and self.created:
+                    try:
+                        empty = not store.sessions()
+                    except (SessionLogError, OSError):
+                        empty = False  # cannot tell: leave it
+                store.close()
+        finally:
+            if empty:
+                _remove_if_empty(self.created)
+            self.created = []
+
+
+def _remove_if_empty(paths: list[str]) -> None:
+    """Remove what a failed command created: a directory only when it holds nothing; a
+    SQLite database (and its WAL, shared-memory and journal files) the caller found holding
+    no session. Best effort: what cannot be removed stays, the command's error stands."""
+    for path in reversed(paths):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)  # refuses a directory that is not empty
+            elif os.path.lexists(path):
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, force: bool,
                  progress: Callable[[int], None] | None) -> ConvertResult:
     try:
         scan = src.scan(sid)
@@ -179,7 +270,8 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         warnings.warn(note, SkippableFramesDropped, stacklevel=3)
         notes.append(note)
     expected = scan.last_seq + len(appended)
-    if exists:
+    dst = dst_.open()  # a new DST is created here, for the first session to be written
+    if dst_.holds(sid):
         if _digest(_stream(src, sid, scan, appended)) == _digest(dst.read(sid)):
             return ConvertResult(sid, "skipped", records=expected, scan=scan, warnings=tuple(notes),
                                  reason="DST already holds these records")
@@ -206,6 +298,7 @@ def _convert_one(src: EventStore, dst: EventStore, sid: str, exists: bool, repai
         return ConvertResult(sid, "error", reason=f"SRC changed while converting: {exc}", scan=scan)
     except SessionLogError as exc:
         return ConvertResult(sid, "error", reason=str(exc), scan=scan)
+    dst_.published = True
     if progress is not None and count % 256:
         progress(count % 256)
     if last != expected or count != expected or _digest(dst.read(sid)) != digest.digest():

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import IOFailure, SessionLogError
+from .contract import IOFailure, SessionLocked, SessionLogError
 from .durable import O_NOFOLLOW, fsync_dir, publish_replace
 from .events import LOG_TRUNCATED
 
@@ -63,11 +63,16 @@ def restore(store: Any, session_id: str, *, dry_run: bool = False) -> RestoreRep
     durable prefix the repair cut at. The new log is published atomically (temp file,
     fsync, rename, directory fsync); then the quarantine is renamed ``<name>.restored``
     (a crash in between leaves a log whose damaged tail and quarantine the next repair
-    recognizes). ``dry_run`` checks everything and writes nothing. Raises RestoreRefused
+    recognizes). ``dry_run`` checks everything and writes nothing, not even the lock
+    file: it probes the lock (SessionLocked while a writer owns it) instead of taking it. Raises RestoreRefused
     for a store that is not a file store, IOFailure."""
     if not hasattr(store, "framing"):
         raise RestoreRefused(f"{store.url}: restore works on file stores (jsonl:, zstd:); on SQL stores "
                              "the quarantined rows are in the sessionlog_quarantine table")
+    if dry_run:  # probe the lock, never create its file: a dry run leaves every byte and name as it was
+        if store._owned(session_id):
+            raise SessionLocked(f"{store.path_of(session_id)}: a writer owns session {session_id!r}")
+        return _restore_locked(store, session_id, dry_run)
     lock = store.take_lock(session_id, 0.0)
     try:
         return _restore_locked(store, session_id, dry_run)

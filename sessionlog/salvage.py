@@ -118,8 +118,9 @@ def _lines(content: bytes) -> Iterator[bytes]:
 def salvage(source: str, dst_url: str) -> SalvageReport:
     """Rebuild the session in the log file ``source`` into the store ``dst_url`` (a new
     session there; SessionExists if it has one of that id), keeping every record that
-    still decodes. Raises NothingToSalvage, SessionExists, IOFailure."""
-    from . import open_store
+    still decodes. A DST store this creates is removed again when the import fails (while
+    it holds nothing). Raises NothingToSalvage, SessionExists, IOFailure."""
+    from .convert import Destination
 
     try:
         with open(source, "rb") as f:
@@ -143,11 +144,9 @@ def salvage(source: str, dst_url: str) -> SalvageReport:
             or not valid_session_id(header.get("session")):
         raise NothingToSalvage(f"{source}: no session/start header decodes; nothing to salvage")
     report = SalvageReport(header["session"], os.path.abspath(source), damaged_regions=damaged)
-    dst = open_store(dst_url)
-    try:
-        dst.import_session(report.session, _sequenced(records, report, unverified))
-    finally:
-        dst.close()
+    with Destination(dst_url) as dst:  # a new DST that gets no session is removed again
+        dst.open().import_session(report.session, _sequenced(records, report, unverified))
+        dst.published = True
     return report
 
 
