@@ -1,7 +1,7 @@
 """The Python work of an append: ``sessionlog.scan.encode_batch`` (validate, encode,
-prove) on batches of 1024 events, no I/O. Every backend's append runs it (JSONL and Zstd
-through ``encode_block``, the same rules); what remains of a durable append is the write
-and the sync.
+prove) on batches of 1024 events, no I/O. The SQL backends' appends run it; JSONL and
+Zstd run ``encode_block``, the same rules and fast path building one block instead of a
+line per record. What remains of a durable append is the write and the sync.
 
 Two reference batches (flat events of scalars; events of the generated transcript, with
 nesting and their own ``ts``) measured in events/s against the per-event targets, and one
@@ -50,7 +50,8 @@ SHAPES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[Any]]]] = {
                 lambda base: [MappingProxyType(e) if i % 8 == 0 else e for i, e in enumerate(base)]),
     "wide": ("one event of 20,000 members in the batch",
              lambda base: [dict(base[0], **{f"k{j}": j for j in range(20_000)}), *base[1:]]),
-    "long-string": ("every event holds a 16 KiB string of escapes and non-ASCII text",
+    "long-string": ("every event holds a 16,385-character string of quotes, backslashes, line breaks and "
+                    "non-ASCII text (about 36 KB as JSON)",
                     lambda base: [dict(e, blob='"\\\n\u00e9\u2028' * 3277) for e in base]),
 }
 """Adversarial batches: the transcript batch with a twist that takes the encoder off its

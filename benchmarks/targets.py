@@ -1,8 +1,9 @@
 """The targets: each a bar on a ratio of two medians measured in the same run.
 
 A target is not a timed test: a run reports each one as PASS, MISS, SKIP (one side was
-not measured: the thing does not exist yet) or INFO (reported without a bar). Only
-``zstd scan`` and the memory bound compare against a fixed number, as the issue sets them.
+not measured: the thing does not exist yet) or INFO (reported without a bar). The Zstd
+ratio, the per-event encode targets and the memory bounds compare against a fixed number,
+as the issues set them.
 """
 
 from __future__ import annotations

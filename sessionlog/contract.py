@@ -587,11 +587,17 @@ class ImportCheck:
         return record
 
 
+READ_LIMIT = (1 << 63) - 1
+"""The largest ``after_seq`` a backend is handed (a SQL BIGINT): no log holds that many
+records, so any larger one reads past the end just the same (SequenceConflict)."""
+
+
 def read_start(after_seq: object) -> int:
     """``read``'s ``after_seq`` as every backend takes it: an int (not a bool); one below
-    1 reads from the header. Raises TypeError for anything else."""
+    1 reads from the header, one beyond :data:`READ_LIMIT` is that limit. Raises
+    TypeError for anything else."""
     if type(after_seq) is not int:
         if not isinstance(after_seq, int) or isinstance(after_seq, bool):
             raise TypeError(f"read: after_seq must be an int, not {type(after_seq).__name__} ({after_seq!r})")
         after_seq = int(after_seq)
-    return max(after_seq, 0)
+    return min(max(after_seq, 0), READ_LIMIT)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, compress, repeat
 from operator import attrgetter, not_
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
 
@@ -509,6 +509,7 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _STR = frozenset({str})
+_INT = frozenset({int})
 
 
 def _finite(number: int | float) -> bool:
@@ -533,20 +534,40 @@ def encode_records(
     return encode_records_at(events, range(first_seq, first_seq + len(events)), record_limit=record_limit, now=now)
 
 
+@overload
+def encode_records_at(events: Sequence[Mapping[str, Any]], seqs: Sequence[int], *, record_limit: int,
+                      now: float | None = ..., fast_only: Literal[False] = ...) -> list[bytes]: ...
+
+
+@overload
+def encode_records_at(events: Sequence[Mapping[str, Any]], seqs: Sequence[int], *, record_limit: int,
+                      now: float | None = ..., fast_only: Literal[True]) -> list[bytes] | None: ...
+
+
 def encode_records_at(
-    events: Sequence[Mapping[str, Any]], seqs: Sequence[int], *, record_limit: int, now: float | None = None
-) -> list[bytes]:
-    """:func:`encode_records` with each event's seq given: ``seqs`` holds one int per
-    event, in any order (several sessions' batches encoded in one pass, each running on
-    from its own tail). Same rules, same bytes for each event, same errors (the event at
-    fault is named by its position in ``events``)."""
+    events: Sequence[Mapping[str, Any]], seqs: Sequence[int], *, record_limit: int, now: float | None = None,
+    fast_only: bool = False,
+) -> list[bytes] | None:
+    """:func:`encode_records` with each event's seq given: ``seqs`` holds one int (>= 1)
+    per event, in any order (several sessions' batches encoded in one pass, each running
+    on from its own tail). Same rules, same bytes for each event, same errors (the event
+    at fault is named by its position in ``events``). With ``fast_only``, None instead
+    when the batch does not take the one-call fast path or would be refused: the caller
+    then encodes it another way. Raises ValueError for ``seqs`` that are not that."""
     when = time.time() if now is None else now
     if len(seqs) != len(events):
         raise ValueError(f"{len(events)} events but {len(seqs)} seqs")
-    lines = _encode_fast(events, seqs, when, _LINES)
-    if lines is None:
-        return _encode_each(events, seqs, when, record_limit)
-    return _checked(lines, record_limit, nested=False)
+    if type(seqs) is not range and seqs and (not _INT.issuperset(map(type, seqs)) or min(seqs) < 1):
+        raise ValueError("seqs must be ints >= 1")
+    try:
+        lines = _encode_fast(events, seqs, when, _LINES)
+        if lines is not None:
+            return _checked(lines, record_limit, nested=False)
+    except RecordError:
+        if fast_only:
+            return None
+        raise
+    return None if fast_only else _encode_each(events, seqs, when, record_limit)
 
 
 def encode_block(

@@ -78,16 +78,17 @@ def encode_batches(
     now: float | None = None,
 ) -> list[list[bytes]] | None:
     """The record lines of several append batches (batch ``i`` with seq from
-    ``firsts[i]``), encoded in one pass: what :func:`encode_batch` gives for each, with
-    one clock reading (or ``now``) for all. None when any batch would be refused: the
-    caller then encodes each batch on its own (:func:`encode_batch` names the event at
-    fault)."""
+    ``firsts[i]``), encoded in one encoder call: what :func:`encode_batch` gives for
+    each, with one clock reading (or ``now``) for all. None when any batch would be
+    refused or does not take the encoder's fast path: the caller then encodes each
+    batch on its own (:func:`encode_batch` names the event at fault; only a batch that
+    needs the exact path pays for it)."""
     seqs: list[int] = []
     for events, first in zip(batches, firsts, strict=True):
         seqs.extend(range(first, first + len(events)))
-    try:
-        lines = encode_records_at(list(chain.from_iterable(batches)), seqs, record_limit=limits.record_limit, now=now)
-    except RecordError:
+    lines = encode_records_at(list(chain.from_iterable(batches)), seqs, record_limit=limits.record_limit,
+                              now=now, fast_only=True)
+    if lines is None:
         return None
     out: list[list[bytes]] = []
     start = 0

@@ -29,6 +29,7 @@ from sessionlog.events import (
     _encode_fast,
     encode_block,
     encode_records,
+    encode_records_at,
 )
 from sessionlog.scan import Limits, encode_batch, encode_batches
 from sessionlog.contract import InvalidEvent
@@ -248,7 +249,7 @@ def test_splice_and_dict_paths_agree(n: int) -> None:
 
 @settings(max_examples=max(20, EXAMPLES // 3), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
-@given(group=st.lists(st.tuples(batches, st.integers(0, 2**40)), max_size=6),
+@given(group=st.lists(st.tuples(batches, st.integers(1, 2**40)), max_size=6),
        record_limit=st.sampled_from([60, 400, 1 << 16]), batch_limit=st.sampled_from([200, 2000, 1 << 20]))
 @example(group=[([{"type": "b"}], 10), ([{"type": "a", "v": "x" * 50}] * 5, 3)], record_limit=400, batch_limit=200)
 @example(group=[([{"type": "b"}], 10), ([{"type": "a", "v": "x" * 50}], 3)], record_limit=60, batch_limit=2000)
@@ -258,8 +259,8 @@ def test_a_group_encoded_in_one_pass_is_each_batch_encoded_alone(
     group: list[tuple[list[Any], int]], record_limit: int, batch_limit: int
 ) -> None:
     """A SQL group commit encodes its batches (each with its own first seq) in one pass:
-    it gives each batch exactly the lines encode_batch gives it, or declines (None)
-    exactly when some batch would be refused on its own."""
+    it gives each batch exactly the lines encode_batch gives it, or declines (None); it
+    always declines when some batch would be refused on its own."""
     limits = Limits(record_limit=record_limit, batch_limit=batch_limit)
     batches_, firsts = [b for b, _ in group], [f for _, f in group]
 
@@ -273,5 +274,25 @@ def test_a_group_encoded_in_one_pass_is_each_batch_encoded_alone(
     each = [alone(b, f) for b, f in zip(batches_, firsts)]
     if any(lines is None for lines in each):
         assert together is None
-    else:
+    elif together is not None:  # None: some batch needs the exact path (encoded alone, as above)
         assert together == each
+
+
+def test_seqs_given_one_per_event_must_be_ints_from_one() -> None:
+    events = [{"type": "a"}, {"type": "b"}]
+    assert encode_records_at(events, [9, 3], record_limit=1 << 16, now=NOW) == [
+        b'{"seq":9,"ts":%s,"type":"a"}' % str(NOW).encode(), b'{"seq":3,"ts":%s,"type":"b"}' % str(NOW).encode()]
+    for bad in ([True, 2], [1.5, 2], [0, 1], [-1, 2], [1]):
+        with pytest.raises(ValueError):
+            encode_records_at(events, bad, record_limit=1 << 16, now=NOW)
+
+
+def test_a_group_with_one_event_off_the_fast_path_is_encoded_batch_by_batch() -> None:
+    """One batch needing the exact path (a read-only mapping) sends the group back to the
+    caller (None), which encodes each batch alone: the others keep their fast path."""
+    from types import MappingProxyType
+
+    plain = [{"type": "a", "n": i} for i in range(3)]
+    assert encode_batches([plain, plain], [2, 10], Limits(), now=NOW) is not None
+    assert encode_batches([plain, [MappingProxyType({"type": "b"})]], [2, 10], Limits(), now=NOW) is None
+    assert encode_batches([plain, [{"type": "b", "x": object()}]], [2, 10], Limits(), now=NOW) is None

@@ -186,6 +186,9 @@ def test_read_after_a_seq_below_one_reads_everything_and_a_non_int_is_refused(st
     assert everything == [1, 2, 3, 4, 5, 6]
     for start in (0, -1, -100):
         assert [r["seq"] for r in store.read("s1", after_seq=start)] == everything
+    for beyond in (7, 2**63 - 1, 2**63, 2**70):
+        with pytest.raises(SequenceConflict):
+            list(store.read("s1", after_seq=beyond))
     for bad in ("2", 1.5, None, True):
         with pytest.raises(TypeError, match="after_seq must be an int"):
             list(store.read("s1", after_seq=bad))
