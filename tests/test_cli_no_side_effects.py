@@ -131,21 +131,13 @@ def _failing_import(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SqlStore, "import_session", import_session)
 
 
+@pytest.mark.parametrize("command,sid", [("convert", "healthy"), ("salvage", "torn")])
 @pytest.mark.parametrize("dst_kind", NEW_DSTS)
-def test_a_convert_whose_write_fails_removes_the_dst_it_created(work: Path, dst_kind: str,
+def test_a_command_whose_write_fails_removes_the_dst_it_created(work: Path, dst_kind: str, command: str, sid: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     _failing_import(monkeypatch)
     before = tree(work)
-    assert run("convert", f"{work}/src/healthy.jsonl", NEW_DSTS[dst_kind].format(w=work, sid="healthy")) == 4
-    assert changes(before, tree(work)) == []
-
-
-@pytest.mark.parametrize("dst_kind", NEW_DSTS)
-def test_a_salvage_whose_write_fails_removes_the_dst_it_created(work: Path, dst_kind: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    _failing_import(monkeypatch)
-    before = tree(work)
-    assert run("salvage", f"{work}/src/torn.jsonl", NEW_DSTS[dst_kind].format(w=work, sid="torn")) == 4
+    assert run(command, f"{work}/src/{sid}.jsonl", NEW_DSTS[dst_kind].format(w=work, sid=sid)) == 4
     assert changes(before, tree(work)) == []
 
 

@@ -13,7 +13,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,17 +261,25 @@ def test_claude_result_with_a_mistyped_tool_use_id_names_no_call(tmp_path, value
     assert code == 0 and one_row(out)["status"] == "clean"
 
 
-@pytest.mark.parametrize("value", [["x"], {"a": 1}, 7], ids=json.dumps)
-def test_codex_output_with_a_mistyped_call_id_is_an_orphan(tmp_path, value):
-    # The output of call_D4mypy gets a mistyped call_id: it answers nothing (quarantined by
-    # repair, as Codex drops it), and call_D4mypy is then unanswered (repair answers it).
+def codex_with_call_id(tmp_path: Path, pick: Callable[[bytes], bool], value: Any) -> tuple[Path, list[bytes], int]:
+    """The healthy Codex fixture with the ``call_id`` of the first line ``pick`` chooses
+    set to ``value``, written to a file: (its path, its lines, that line's index)."""
     lines = split(load("codex", "healthy.jsonl"))
-    at = next(i for i, raw in enumerate(lines) if b'"function_call_output","call_id":"call_D4mypy"' in raw)
+    at = next(i for i, raw in enumerate(lines) if pick(raw))
     obj = json.loads(lines[at])
     obj["payload"]["call_id"] = value
     lines[at] = encode(obj)
     path = tmp_path / "rollout.jsonl"
     path.write_bytes(b"\n".join(lines))
+    return path, lines, at
+
+
+@pytest.mark.parametrize("value", [["x"], {"a": 1}, 7], ids=json.dumps)
+def test_codex_output_with_a_mistyped_call_id_is_an_orphan(tmp_path, value):
+    # The output of call_D4mypy gets a mistyped call_id: it answers nothing (quarantined by
+    # repair, as Codex drops it), and call_D4mypy is then unanswered (repair answers it).
+    path, lines, at = codex_with_call_id(tmp_path, lambda raw: b'"function_call_output","call_id":"call_D4mypy"' in raw,
+                                         value)
     code, out = run("scan", str(path), "--input-format", "codex", "--json")
     row = one_row(out)
     assert code == 1 and row["unanswered_calls"] == ["call_D4mypy"] and row["orphan_results"] == [""]
@@ -291,13 +300,8 @@ def test_codex_output_with_a_mistyped_call_id_is_an_orphan(tmp_path, value):
 def test_codex_call_with_a_mistyped_call_id_names_no_call(tmp_path, value):
     # A call whose call_id is mistyped is not a call (as one without a call_id): its output
     # then answers nothing and is an orphan.
-    lines = split(load("codex", "healthy.jsonl"))
-    at = next(i for i, raw in enumerate(lines) if b'"function_call","name"' in raw and b"call_D4mypy" in raw)
-    obj = json.loads(lines[at])
-    obj["payload"]["call_id"] = value
-    lines[at] = encode(obj)
-    path = tmp_path / "rollout.jsonl"
-    path.write_bytes(b"\n".join(lines))
+    path, _, _ = codex_with_call_id(tmp_path, lambda raw: b'"function_call","name"' in raw and b"call_D4mypy" in raw,
+                                    value)
     code, out = run("scan", str(path), "--input-format", "codex", "--json")
     row = one_row(out)
     assert code == 1 and row["orphan_results"] == ["call_D4mypy"] and row["unanswered_calls"] == []
@@ -346,17 +350,9 @@ def test_native_log_with_mistyped_call_ids_never_crashes_a_command(tmp_path, nam
     # --check), convert and repair exit with documented codes, and repair leaves a log a
     # second scan calls clean.
     with open(os.path.join(FIXTURES, name), "rb") as f:
-        lines = split(f.read())
-    out = []
-    for raw in lines:
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            out.append(raw)
-            continue
-        out.append(encode(every_member(obj, key, value)))
+        data = f.read()
     path = tmp_path / name
-    path.write_bytes(b"\n".join(out))
+    path.write_bytes(every(data, key, value))
     before = path.read_bytes()
     code, _ = run("scan", str(path), "--json")
     assert code in {0, 1}
