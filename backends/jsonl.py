@@ -52,6 +52,9 @@ class JsonlFraming:
         if nl < 0 and len(head) == HEAD_PROBE:  # a header longer than the probe: read it whole
             head = fs.pread(fd, limits.record_limit + 2, 0)
             nl = head.find(b"\n")
+        if nl > limits.record_limit:  # what scan refuses too: never append after it
+            raise CorruptLog(f"{where}: the header at offset 0 exceeds the record limit ({limits.record_limit} bytes)",
+                             path=where, offset=0, kind=str(DamageKind.CORRUPT))
         header = _decode(head[:nl] if nl >= 0 else b"", where, 0, "the header")
         check_header(header, session_id, where)
         if size == nl + 1:

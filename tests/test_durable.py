@@ -779,3 +779,30 @@ def test_a_session_whose_header_is_longer_than_the_first_read_still_opens(tmp_pa
     path.write_bytes(b'{"seq":1' + b" " * (2 << 20))  # no line end within the record limit
     with pytest.raises(CorruptLog, match="the header"):
         store.session("s1")
+
+
+def test_a_header_over_the_record_limit_is_refused_at_open_as_scan_refuses_it(tmp_path):
+    """A header line one byte over the record limit: scan says it is not a session log,
+    so opening the session for appends refuses it too (nothing is appended after it)."""
+    from sessionlog.scan import Limits
+
+    store = open_jsonl(str(tmp_path), limits=Limits(record_limit=200, batch_limit=4096))
+    store.create("s1")
+    path = tmp_path / "s1.jsonl"
+    header = json.loads(path.read_bytes().splitlines()[0])
+    base = len(json.dumps(dict(header, meta=""), separators=(",", ":")))
+    for size, opens in ((200, True), (201, False)):
+        header["meta"] = "m" * (size - base)
+        line = json.dumps(header, separators=(",", ":")).encode()
+        assert len(line) == size
+        path.write_bytes(line + b"\n")
+        if opens:
+            with store.session("s1") as s:
+                assert s.append([{"type": "note/x"}]) == 2
+            assert store.scan("s1").status is sessionlog.Status.CLEAN
+        else:
+            with pytest.raises(CorruptLog):
+                store.scan("s1")
+            with pytest.raises(CorruptLog, match="exceeds the record limit"):
+                store.session("s1")
+            assert path.read_bytes() == line + b"\n"
