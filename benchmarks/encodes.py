@@ -35,10 +35,14 @@ def flat_batch() -> list[dict[str, Any]]:
     return [{"type": "llm/retry", "attempt": i, "model": "gpt-x", "delay": 0.5, "ok": True} for i in range(BATCH)]
 
 
-def transcript_batch() -> list[dict[str, Any]]:
+def transcript_batch(n: int = BATCH) -> list[dict[str, Any]]:
     from .transcript import events
 
-    return list(itertools.islice(events(3), BATCH))
+    return list(itertools.islice(events(3), n))
+
+
+def _wide(base: list[dict[str, Any]], members: int) -> list[dict[str, Any]]:
+    return [dict(base[0], **{f"k{j}": j for j in range(members)}), *base[1:]]
 
 
 SHAPES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[Any]]]] = {
@@ -48,8 +52,7 @@ SHAPES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], list[Any]]]] = {
             lambda base: [dict(e, raw=msgspec.Raw(b'{"k":[1,2,{"x":"y"}]}')) for e in base]),
     "mapping": ("every 8th event a read-only mapping, not a dict (the exact path: each event alone)",
                 lambda base: [MappingProxyType(e) if i % 8 == 0 else e for i, e in enumerate(base)]),
-    "wide": ("one event of 20,000 members in the batch",
-             lambda base: [dict(base[0], **{f"k{j}": j for j in range(20_000)}), *base[1:]]),
+    "wide": ("one event of 20,000 members in the batch", lambda base: _wide(base, 20_000)),
     "long-string": ("every event holds a 16,385-character string of quotes, backslashes, line breaks and "
                     "non-ASCII text (about 36 KB as JSON)",
                     lambda base: [dict(e, blob='"\\\n\u00e9\u2028' * 3277) for e in base]),
@@ -64,6 +67,21 @@ def encode_id(what: str) -> str:
 
 def shape_id(shape: str) -> str:
     return f"encode-shape/{shape}"
+
+
+SCALED: dict[str, tuple[str, str]] = {
+    "transcript": (f"{BATCH} transcript events", f"{4 * BATCH} transcript events"),
+    "wide": ("one event of 20,000 members alone", "one event of 80,000 members alone"),
+}
+"""Batches at two sizes, 4x apart, compared in bytes/s: a linear encoder keeps its rate,
+one quadratic in the number of events or in one event's size drops to about a quarter
+(a slow constant alone does not move this ratio)."""
+
+
+def scaled_id(what: str, times: int) -> str:
+    """The case of ``what`` at ``times`` its size (the transcript batch at 1x is the
+    shapes' reference case, measured once)."""
+    return shape_id("transcript") if (what, times) == ("transcript", 1) else f"encode-scale/{what}-{times}x"
 
 
 def _case(case_id: str, group: str, label: str, batch: list[Any], unit: str) -> Case:
@@ -81,8 +99,8 @@ def _case(case_id: str, group: str, label: str, batch: list[Any], unit: str) -> 
 
 
 def encode_cases() -> list[Case]:
-    """The reference batches (events/s and bytes/s of the transcript one) and one case
-    per :data:`SHAPES` entry (bytes/s)."""
+    """The reference batches (events/s and bytes/s of the transcript one), one case per
+    :data:`SHAPES` entry and one per :data:`SCALED` entry (bytes/s)."""
     flat, transcript = flat_batch(), transcript_batch()
     cases = [
         _case(encode_id("flat"), "encode", f"encode_batch of {BATCH} flat events (scalars)", flat, "events/s"),
@@ -93,4 +111,12 @@ def encode_cases() -> list[Case]:
     ]
     for shape, (what, make) in SHAPES.items():
         cases.append(_case(shape_id(shape), "encode-shape", f"encode_batch: {what}", make(transcript), "bytes/s"))
+    scaled = {"transcript": (transcript, transcript_batch(4 * BATCH)),
+              "wide": (_wide(transcript, 20_000)[:1], _wide(transcript, 80_000)[:1])}
+    for what, labels in SCALED.items():
+        for times, label, batch in zip((1, 4), labels, scaled[what]):
+            if scaled_id(what, times).startswith(shape_id("")):
+                continue  # measured above
+            cases.append(_case(scaled_id(what, times), "encode-scale", f"encode_batch of {label} (bytes)", batch,
+                               "bytes/s"))
     return cases

@@ -22,6 +22,7 @@ GROUP_TITLES = {
     "compression": "Compression",
     "encode": "Encoding an append batch (encode_batch, no I/O)",
     "encode-shape": "Encoding adversarial batches (bytes/s)",
+    "encode-scale": "Encoding at two sizes, 4x apart (bytes/s)",
 }
 
 
@@ -41,6 +42,8 @@ def reference_of(rid: str, row: dict[str, Any]) -> str | None:
         return "scan-shape/compact"
     if group == "encode-shape" and rid != "encode-shape/transcript":
         return "encode-shape/transcript"
+    if group == "encode-scale" and rid.endswith("-4x"):
+        return "encode-shape/transcript" if rid == "encode-scale/transcript-4x" else rid[:-3] + "-1x"
     return None
 
 

@@ -191,7 +191,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
 
 def _report_order(by_id: dict[str, Result]) -> list[str]:
     """Table order: by group, then backend (as in the URL list), then batch size."""
-    groups = ["ceiling", "append", "sessions", "write-behind", "peer", "scan", "repair", "compression", "encode", "encode-shape"]
+    groups = ["ceiling", "append", "sessions", "write-behind", "peer", "scan", "repair", "compression", "encode", "encode-shape", "encode-scale"]
     names = ["raw", "jsonl", "zstd", "sqlite", "postgresql"]
     index = {rid: i for i, rid in enumerate(by_id)}
 

@@ -120,9 +120,10 @@ def shape_targets() -> list[Target]:
 
 def encode_targets() -> list[Target]:
     """The Python work per event of ``encode_batch`` (flat: <= 0.6 µs, transcript: <= 1.2 µs,
-    as events/s against a constant), and each adversarial batch within 4x of the
-    transcript batch's bytes/s (no shape takes the encoder quadratic)."""
-    from .encodes import SHAPES, encode_id
+    as events/s against a constant), each adversarial batch within 4x of the transcript
+    batch's bytes/s, and batches 4x larger at least half as fast in bytes/s as at 1x (no
+    shape or size takes the encoder quadratic)."""
+    from .encodes import SCALED, SHAPES, encode_id, scaled_id
     from .encodes import shape_id as encode_shape_id
 
     return [
@@ -133,6 +134,9 @@ def encode_targets() -> list[Target]:
         *(Target(f"encode-shape-{shape}", f"encode_batch, {what} / transcript events (bytes/s)",
                  encode_shape_id(shape), encode_shape_id("transcript"), 1 / 4)
           for shape, (what, _) in SHAPES.items()),
+        *(Target(f"encode-scale-{what}", f"encode_batch, {big} / {small} (bytes/s): linear in size",
+                 scaled_id(what, 4), scaled_id(what, 1), 1 / 2)
+          for what, (small, big) in SCALED.items()),
     ]
 
 
