@@ -34,7 +34,7 @@ from .contract import (
 )
 from .events import LOG_TRUNCATED, Record
 from .exits import worst
-from .targets import StoreTarget, destination, resolve, resolve_target
+from .targets import StoreTarget, destination, local_path, resolve, resolve_target
 
 __all__ = ["ConvertResult", "NothingToCompact", "SkippableFramesDropped", "compact", "compact_row", "convert",
            "exit_code", "resolve_target"]
@@ -150,20 +150,14 @@ def convert(
 def _new_paths(url: str) -> list[str]:
     """The files and directories opening the store ``url`` may create, when it is a local
     store that does not exist yet (empty: it exists, or it is not local)."""
-    scheme = scheme_of(url)
-    if scheme in ("jsonl", "zstd"):
-        directory = url.partition(":")[2]
-        directory = directory[2:] if directory.startswith("//") else directory
-        return [os.path.abspath(directory)] if directory and not os.path.lexists(directory) else []
-    if scheme == "sqlite":
-        path = url.partition(":///")[2].partition("?")[0]
-        if not path or path == ":memory:" or os.path.lexists(path):
-            return []
-        path = os.path.abspath(path)
-        lock_dir = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.locks")
-        return [p for p in (path, *(path + s for s in ("-wal", "-shm", "-journal")), lock_dir)
-                if not os.path.lexists(p)]
-    return []
+    path = local_path(url)
+    if not path or os.path.lexists(path):
+        return []
+    path = os.path.abspath(path)
+    if scheme_of(url) != "sqlite":
+        return [path]  # a file store's directory
+    lock_dir = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.locks")
+    return [p for p in (path, *(path + s for s in ("-wal", "-shm", "-journal")), lock_dir) if not os.path.lexists(p)]
 
 
 class Destination:

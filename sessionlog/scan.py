@@ -55,6 +55,11 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+def batch_size(lines: Sequence[bytes]) -> int:
+    """The bytes record ``lines`` take in a batch: each line and its newline."""
+    return sum(map(len, lines)) + len(lines)
+
+
 def encode_batch(
     events: Sequence[Mapping[str, Any]], first_seq: int, limits: Limits, *, now: float | None = None
 ) -> list[bytes]:
@@ -67,7 +72,7 @@ def encode_batch(
         lines = encode_records(events, first_seq, record_limit=limits.record_limit, now=now)
     except RecordError as exc:
         raise InvalidEvent(exc.reason) from None
-    size = sum(map(len, lines)) + len(lines)
+    size = batch_size(lines)
     if size > limits.batch_limit:
         raise InvalidEvent(f"batch of {size} bytes exceeds the batch limit of {limits.batch_limit} bytes; split it")
     return lines
@@ -95,7 +100,7 @@ def encode_batches(
     for events in batches:
         part = lines[start:start + len(events)]
         start += len(events)
-        if sum(map(len, part)) + len(part) > limits.batch_limit:
+        if batch_size(part) > limits.batch_limit:
             return None
         out.append(part)
     return out

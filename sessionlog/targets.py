@@ -286,23 +286,35 @@ def destination(text: str) -> tuple[str, str | None]:
     return resolve_target(text)
 
 
+def local_path(url: str) -> str | None:
+    """The directory a ``jsonl:`` or ``zstd:`` URL names, or the file a ``sqlite:///``
+    URL names ("" when the URL names none); None for a store that is not on the local
+    file system (PostgreSQL, SQLite in memory)."""
+    scheme = scheme_of(url)
+    if scheme in ("jsonl", "zstd"):
+        directory = url.partition(":")[2]
+        return directory[2:] if directory.startswith("//") else directory
+    if scheme == "sqlite":
+        path = url.partition(":///")[2].partition("?")[0]
+        return None if path == ":memory:" else path
+    return None
+
+
 def open_source(url: str) -> EventStore:
     """Open a store to read without writing to it: a file store's directory (or a SQLite
     file) must exist; a file store's directory is not created or swept; a SQL store is
     opened read-only (no table, schema or file is created; a database without the
     sessionlog tables is CorruptLog). Raises TargetNotFound for a store that is not there."""
     scheme = scheme_of(url)
+    path = local_path(url)
     if scheme in ("jsonl", "zstd"):
-        directory = url.partition(":")[2]
-        directory = directory[2:] if directory.startswith("//") else directory
-        if not directory:
+        if not path:
             raise InvalidStoreUrl(f"{url!r}: a {scheme} URL names a directory: {scheme}:DIR")
-        if not os.path.isdir(directory):
+        if not os.path.isdir(path):
             raise TargetNotFound(f"{url}: no such store directory")
         return open_store(url, create_dir=False)
     if scheme == "sqlite":
-        path = url.partition(":///")[2].partition("?")[0]
-        if path and path != ":memory:" and not os.path.isfile(path):
+        if path and not os.path.isfile(path):
             raise TargetNotFound(f"{url}: no such SQLite store")
     if scheme in ("sqlite", "postgresql"):
         return open_store(url, read_only=True)
