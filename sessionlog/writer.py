@@ -20,11 +20,13 @@ owner to let go; 0 by default), and the next event tries to own it again.
 **Where writes run.** A write runs in a worker thread (a sync blocks), except when it
 is the only write the writer has to do (one producer's events, no other write in
 flight, the session already owned): then ``await append()`` writes it inline, in the
-producer's own task, after one turn of the loop that lets producers ready at the same
-moment queue behind it (then they are all written together, the common way). A lone
-append costs a direct durable append plus that one turn: no thread hop, no task, the
-same system calls but one ``epoll_wait``. ``inline=False`` always uses a thread (the
-loop is then never blocked by a sync).
+producer's own task. When the loop has other callbacks ready, it first yields once so
+that producers ready at the same moment can queue behind it (then they are all written
+together, the common way); when nothing else is ready, it writes at once. A lone append
+then costs a direct durable append and a little bookkeeping: no thread hop, no task, no
+turn of the loop, the same system calls. (Loops that do not expose their ready queue,
+e.g. uvloop, always take the one turn.) ``inline=False`` always uses a thread (the loop
+is then never blocked by a sync).
 
 Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever raised:
 
@@ -214,8 +216,12 @@ class WriteBehind:
         lane, pending = self._accept(session_id, events, expect_seq)
         pending.awaited = True
         if self._lone(lane, pending):
-            # Maybe the writer's only write: yield once (a bare yield, no task, no
-            # future callback) so that producers ready now can queue behind it. If none
+            if _nothing_ready(self._loop):
+                # No other callback is ready to run: a yield would only poll for I/O and
+                # come straight back here. Write it now, inline.
+                return self._write_lone(lane, pending)
+            # Others are ready (or the loop cannot tell): yield once (a bare yield, no task,
+            # no future callback) so that producers among them can queue behind it. If none
             # did and nothing else started, write it here, inline: a direct append plus
             # one turn of the loop. Otherwise it goes the common way, with the others.
             accepted = self._accepted
@@ -699,6 +705,14 @@ def _as_error(exc: BaseException) -> SessionLogError:
     failure = AppendFailed(f"write failed: {type(exc).__name__}: {exc}")
     failure.__cause__ = exc
     return failure
+
+
+def _nothing_ready(loop: asyncio.AbstractEventLoop | None) -> bool:
+    """True when ``loop`` is known to have no callback ready to run (the standard
+    library's loops keep them in ``_ready``); False when it has or cannot tell, so the
+    caller yields once and producers ready now can queue behind its write."""
+    ready = getattr(loop, "_ready", None)
+    return type(ready) is deque and not ready
 
 
 @types.coroutine
