@@ -675,6 +675,17 @@ def _store_targets(texts: list[str], session: str | None, codes: list[int]) -> I
         yield from targets
 
 
+def _convert_sources(args: argparse.Namespace, sources: list[str], codes: list[int]) -> Iterator[Any]:
+    """convert's SRC targets in order: a foreign target (a Claude Code transcript, a Codex
+    rollout or a directory of them: imported) or the store targets a text names."""
+    for text in sources:
+        claimed = _foreign_claim(text, args.input_format)
+        if claimed is not None:
+            yield claimed
+        else:
+            yield from _store_targets([text], args.session, codes)
+
+
 def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import convert
 
@@ -685,12 +696,23 @@ def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("convert does not read standard input (-): name a file or store")
     results = []
     codes: list[int] = []
-    for target in _store_targets(sources, args.session, codes):
-        if target.note:
-            note(f"note: {target.note}")
-        with progress(args, "converting", None, unit="records") as meter:
-            done = convert.convert(target, dst, session=args.session, repaired=args.repaired,
-                                   force=args.force, progress=meter.advance)
+    for target in _convert_sources(args, sources, codes):
+        if _is_foreign(target):
+            if args.session is not None:
+                raise UsageError("--session picks a session of a store; a foreign file is one session: "
+                                 "name the DST session as DIR/<id>.jsonl instead")
+            from .foreign import command
+
+            try:
+                done = command.convert_target(target, dst, repaired=args.repaired, force=args.force)
+            except command.ForeignUsageError as exc:
+                raise UsageError(str(exc)) from exc
+        else:
+            if target.note:
+                note(f"note: {target.note}")
+            with progress(args, "converting", None, unit="records") as meter:
+                done = convert.convert(target, dst, session=args.session, repaired=args.repaired,
+                                       force=args.force, progress=meter.advance)
         for res in done:
             row = res.to_json()
             codes.append(res.exit_code)
@@ -884,13 +906,16 @@ def build_parser() -> argparse.ArgumentParser:
         "convert", help="copy sessions between stores, records byte-identical",
         description="Copy every session of each SRC (or one, --session) into DST, records byte-identical. "
         "SRC is never written; a DST session is never overwritten (one that already holds the same records "
-        "is skipped, so an interrupted convert can be run again).",
+        "is skipped, so an interrupted convert can be run again). A Claude Code transcript or Codex rollout "
+        "(or a directory of them) is imported: one new session per file holding the conversation the tool "
+        "resumes.",
         epilog="exit codes: 0 done, 1 a SRC session is damaged and repairable (--repaired converts its "
         "repaired view), 2 usage, 3 its damage needs --repaired --force, 4 error (no such SRC, I/O, a "
         "different DST session of that id exists), 5 a writer holds the SRC session",
     )
     p.add_argument("targets", nargs="+", metavar="SRC... DST", help=TARGET_HELP + "; the last is DST")
     p.add_argument("--session", metavar="ID")
+    foreign_formats(p)
     p.add_argument("--repaired", action="store_true", help="write the repaired view of a damaged source")
     p.add_argument("--force", action="store_true",
                    help="with --repaired: also cut mid-log damage and seq breaks in the copy (SRC untouched)")

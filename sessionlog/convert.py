@@ -36,8 +36,8 @@ from .events import LOG_TRUNCATED, Record
 from .exits import worst
 from .targets import StoreTarget, destination, local_path, resolve, resolve_target
 
-__all__ = ["ConvertResult", "NothingToCompact", "SkippableFramesDropped", "compact", "compact_row", "convert",
-           "exit_code", "resolve_target"]
+__all__ = ["ConvertResult", "Destination", "NothingToCompact", "SkippableFramesDropped", "compact", "compact_row",
+           "convert", "digest", "exit_code", "resolve_target"]
 
 
 class SkippableFramesDropped(UserWarning):
@@ -66,6 +66,7 @@ class ConvertResult:
     reason: str | None = None
     scan: ScanResult | None = None
     warnings: tuple[str, ...] = ()
+    needs_force: bool = False  # refused for damage that needs --force, where no scan says so (a foreign file)
 
     @property
     def exit_code(self) -> int:
@@ -75,7 +76,7 @@ class ConvertResult:
             return 5
         if self.status == "refused":
             damage = self.scan.damage if self.scan is not None else None
-            return 3 if damage is not None and damage.kind.needs_force else 1
+            return 3 if self.needs_force or (damage is not None and damage.kind.needs_force) else 1
         return 4
 
     def to_json(self) -> dict[str, Any]:
@@ -266,19 +267,19 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
     expected = scan.last_seq + len(appended)
     dst = dst_.open()  # a new DST is created here, for the first session to be written
     if dst_.holds(sid):
-        if _digest(_stream(src, sid, scan, appended)) == _digest(dst.read(sid)):
+        if digest(_stream(src, sid, scan, appended)) == digest(dst.read(sid)):
             return ConvertResult(sid, "skipped", records=expected, scan=scan, warnings=tuple(notes),
                                  reason="DST already holds these records")
         return ConvertResult(sid, "exists", reason=f"{dst.url}: a different session {sid!r} already exists; "
                              "not overwritten", scan=scan)
-    digest = hashlib.sha256()
+    written = hashlib.sha256()
     count = 0
 
     def counted() -> Iterator[Record]:
         nonlocal count
         for record in _stream(src, sid, scan, appended):
-            digest.update(record.raw)
-            digest.update(b"\n")
+            written.update(record.raw)
+            written.update(b"\n")
             count += 1
             if progress is not None and count % 256 == 0:
                 progress(256)
@@ -295,7 +296,7 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
     dst_.published = True
     if progress is not None and count % 256:
         progress(count % 256)
-    if last != expected or count != expected or _digest(dst.read(sid)) != digest.digest():
+    if last != expected or count != expected or digest(dst.read(sid)) != written.digest():
         raise SessionLogError(f"{dst.url}: session {sid!r} does not read back byte-identical after convert")
     return ConvertResult(sid, "converted", records=count, scan=scan, warnings=tuple(notes))
 
@@ -312,12 +313,14 @@ def _stream(src: EventStore, sid: str, scan: ScanResult, appended: list[Record])
             close()  # release SRC's file handle even when the prefix ended early
 
 
-def _digest(records: Iterable[Record]) -> bytes:
-    digest = hashlib.sha256()
+def digest(records: Iterable[Record]) -> bytes:
+    """SHA-256 of the records' lines, each with its newline: two sessions with the same
+    digest hold the same bytes."""
+    hasher = hashlib.sha256()
     for record in records:
-        digest.update(record.raw)
-        digest.update(b"\n")
-    return digest.digest()
+        hasher.update(record.raw)
+        hasher.update(b"\n")
+    return hasher.digest()
 
 
 def _copy_record(record: object, src_path: str | None) -> Record:

@@ -46,7 +46,7 @@ def work(tmp_path: Path) -> Path:
         shutil.copy(FIXTURES / f"{name}.jsonl", src / f"{name}.jsonl")
     shutil.copy(FIXTURES / "bad" / "not-a-log.jsonl", tmp_path / "not-a-log.jsonl")
     shutil.copy(FIXTURES / "bad" / "future-format.jsonl", tmp_path / "future-format.jsonl")
-    shutil.copy(FIXTURES / "claude-code" / "healthy.jsonl", tmp_path / "claude-code.jsonl")
+    shutil.copy(FIXTURES / "claude-code" / "dangling-call.jsonl", tmp_path / "claude-code.jsonl")
     (tmp_path / "empty-store").mkdir()
     return tmp_path
 
@@ -61,7 +61,7 @@ NEW_DSTS = {
 
 # SRC that converts nothing, and the exit code it gets.
 FAILING = {
-    "claude-code transcript": (["{w}/claude-code.jsonl"], "claude-code", 4),
+    "claude-code transcript that needs repair": (["{w}/claude-code.jsonl"], "claude-code", 1),
     "missing SRC": (["{w}/missing.jsonl"], "missing", 4),
     "not a session log": (["{w}/not-a-log.jsonl"], "not-a-log", 4),
     "unsupported format": (["{w}/future-format.jsonl"], "future-format", 4),

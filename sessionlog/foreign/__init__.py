@@ -14,7 +14,9 @@ is pure: decoded lines in, findings, a plan and conversation events out.
 
 from __future__ import annotations
 
+import datetime
 import importlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -166,6 +168,39 @@ def str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def timestamp(value: Any) -> float | None:
+    """Seconds since the epoch of an entry's ``timestamp`` (an ISO 8601 string, as both
+    tools write it, e.g. ``2025-06-01T12:00:00.123Z``; a time without a zone is UTC), or
+    None when it is missing or not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    try:
+        seconds = moment.timestamp()
+    except (OverflowError, OSError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+class Stamps:
+    """The ``ts`` of a format's events: each event takes the time of the entry it comes
+    from, or (an entry without a readable one) the latest time before it, 0.0 before any."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def of(self, entry: Any) -> float:
+        seconds = timestamp(entry.get("timestamp")) if isinstance(entry, Mapping) else None
+        if seconds is not None:
+            self.last = seconds
+        return self.last
+
+
 def content_text(content: Any) -> str:
     """Text of a message or result ``content``: a string, or the text of its blocks
     (other blocks named in brackets, e.g. ``[image]``)."""
@@ -191,4 +226,5 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-__all__ = ["FORMATS", "Examination", "ForeignFormat", "content_text", "examine", "get", "sniff", "str_or_none"]
+__all__ = ["FORMATS", "Examination", "ForeignFormat", "Stamps", "content_text", "examine", "get", "sniff",
+           "str_or_none", "timestamp"]

@@ -38,7 +38,7 @@ import uuid as uuidlib
 from collections.abc import Mapping
 from typing import Any
 
-from . import content_text, str_or_none
+from . import Stamps, content_text, str_or_none
 from .answers import answer_code, answer_text, orphan_text
 from .lines import Line, decode_line, encode_entry
 from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, UNANSWERED_CALL, Analysis, Finding
@@ -444,11 +444,12 @@ class ClaudeCode:
             node = tree.parent(node)
         return chain[::-1]
 
-    def _turns(self, lines: list[Line]) -> list[tuple[str, list[Any]]]:
+    def _turns(self, lines: list[Line], sources: list[int] | None = None) -> list[tuple[str, list[Any]]]:
         """The resumed conversation as (role, blocks) messages ("results" for the user
         message answering an assistant message): an assistant
         message per group with the results it owns (on the chain, then off it for ids not
-        yet answered: parallel results that branched), a user message per other entry."""
+        yet answered: parallel results that branched), a user message per other entry.
+        ``sources``, when given, gets the index of the entry each message starts with."""
         tree = _Tree(lines)
         groups, _ = _groups(tree)
         group_of = {i: g for g in groups for i in g.entries}
@@ -477,6 +478,8 @@ class ClaudeCode:
             blocks.sort(key=lambda b: order.get(_result_id(b), len(order))
                         if isinstance(b, Mapping) and b.get("type") == "tool_result" else len(order) + 1)
             turns.append(("results", blocks))
+            if sources is not None:
+                sources.append(min((r for r in current.results if r in emitted), default=max(current.entries)))
             current = None
 
         for index in chain:
@@ -488,6 +491,8 @@ class ClaudeCode:
                     close()
                     current = group
                     turns.append(("assistant", []))
+                    if sources is not None:
+                        sources.append(index)
                 content = _message(obj).get("content")
                 turns[-1][1].extend(content if isinstance(content, list) else
                                     [{"type": "text", "text": content}] if isinstance(content, str) else [])
@@ -500,6 +505,8 @@ class ClaudeCode:
                 content = _message(obj).get("content")
                 turns.append(("user", content if isinstance(content, list) else
                               [{"type": "text", "text": content}] if isinstance(content, str) else []))
+                if sources is not None:
+                    sources.append(index)
         close()
         return turns
 
@@ -518,12 +525,17 @@ class ClaudeCode:
 
     def events(self, lines: list[Line]) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = []
+        entries = {line.index: line.obj for line in lines}
+        sources: list[int] = []
+        stamps = Stamps()
+        ts = 0.0
 
         def add(record: dict[str, Any]) -> None:
-            record.update(seq=len(records) + 1, ts=0.0)
+            record.update(seq=len(records) + 1, ts=ts)
             records.append(record)
 
-        for role, blocks in self._turns(lines):
+        for (role, blocks), source in zip(self._turns(lines, sources), sources, strict=True):
+            ts = stamps.of(entries.get(source))
             if role == "assistant":
                 calls = [{"id": str_or_none(b.get("id")), "name": b.get("name"), "arguments": b.get("input")}
                          for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]

@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import content_text, str_or_none
+from . import Stamps, content_text, str_or_none
 from .answers import answer_code, answer_text
 from .lines import Line, encode_entry
 from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
@@ -242,13 +242,17 @@ class Codex:
     def events(self, lines: list[Line]) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = []
         open_message: dict[str, Any] | None = None
+        entries = {line.index: line.obj for line in lines}
+        stamps = Stamps()
+        ts = 0.0
 
         def add(record: dict[str, Any]) -> dict[str, Any]:
-            record.update(seq=len(records) + 1, ts=0.0)
+            record.update(seq=len(records) + 1, ts=ts)
             records.append(record)
             return record
 
-        for _, item in _history(lines):
+        for index, item in _history(lines):
+            ts = stamps.of(entries.get(index))
             kind = _kind(item)
             if kind in ANSWER and _call_id(item) is None:
                 continue

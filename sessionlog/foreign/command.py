@@ -1,6 +1,6 @@
-"""The command line for foreign files: ``scan``, ``repair`` and ``show`` of a Claude Code
-transcript or Codex rollout (or a directory of them), with sessionlog's statuses, exit
-codes, tables and ``--json`` rows.
+"""The command line for foreign files: ``scan``, ``repair``, ``show`` and ``convert`` of a
+Claude Code transcript or Codex rollout (or a directory of them), with sessionlog's
+statuses, exit codes, tables and ``--json`` rows.
 
 :func:`claim` is the hook the ``sessionlog`` command calls first: it returns a
 :class:`ForeignTarget` when the target is a foreign file or a directory holding them (by
@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .. import exits
-from ..contract import SessionLogError, Status
+from ..contract import SessionExists, SessionLogError, Status
+from ..convert import ConvertResult, Destination, digest
 from ..durable import read_head
+from ..events import Record, RecordError, encode_record, header_event, valid_session_id
+from ..targets import destination
 from . import FORMATS, HEAD_BYTES, Examination, ForeignFormat, examine, get, sniff
 from .files import OpenFiles, in_use, open_files, read, write_repair
 
@@ -363,3 +366,95 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
             print(f"pairing violation: {violation.message}", file=sys.stderr)
             return exits.REPAIRABLE
     return exits.OK
+
+
+# --- convert ----------------------------------------------------------------------------
+
+
+def import_records(session: str, fmt: ForeignFormat, path: str, events: list[dict[str, Any]]) -> list[Record]:
+    """A foreign conversation as a sessionlog session's records: a ``session/start`` header
+    naming where it came from (``source``: the format and the file), then ``events``
+    (:meth:`ForeignFormat.events`: what the tool resumes) with seqs from 2 and the times
+    of their entries. The same file gives the same bytes. Raises RecordError for an event
+    that cannot be a record (nested deeper than the format allows)."""
+    first_ts = next((e["ts"] for e in events if e.get("ts")), 0.0)
+    header = dict(header_event(session), source={"format": fmt.name, "path": os.path.abspath(path)})
+    records = [Record.from_line(encode_record(header, 1, first_ts))]
+    for seq, event in enumerate(events, start=2):
+        body = {k: v for k, v in event.items() if k != "seq"}
+        records.append(Record.from_line(encode_record(body, seq)))
+    return records
+
+
+def convert_file(path: str, fmt: ForeignFormat, dst: Destination, *, repaired: bool, force: bool,
+                 session: str | None = None) -> ConvertResult:
+    """Import one foreign file into DST as a new sessionlog session (``session``, or the
+    tool's own session id, or the file's name): the conversation the tool resumes
+    (:func:`import_records`). SRC is never written. A file that needs repair is "refused"
+    unless ``repaired`` (then the conversation as ``sessionlog repair`` would leave the
+    file is imported; damage before the end also needs ``force``); a file a live process
+    uses is "locked". A DST session already holding these records is "skipped", a
+    different one is left as it is ("exists")."""
+    sid = session or _session(path, None)
+    try:
+        snap = read(path)
+        exam = examine(snap.data, fmt, force=force)
+    except SessionLogError as exc:
+        return ConvertResult(sid, "error", reason=str(exc))
+    sid = session or _session(path, exam)
+    if not any(line.obj is not None for line in exam.lines):
+        return ConvertResult(sid, "error", reason=f"{path}: no line decodes as a {fmt.title}")
+    if not valid_session_id(sid):
+        return ConvertResult(sid, "error", reason=f"{path}: {sid!r} is not a valid session id; name the DST "
+                             "session: DIR/<id>.jsonl")
+    busy = in_use(path, fmt)
+    if busy:
+        return ConvertResult(sid, "locked", reason="in use by a live process: " + "; ".join(busy)
+                             + "; convert it when it is done")
+    if exam.needs_force and not (repaired and force):
+        damage = exam.tail_damage
+        assert damage is not None
+        return ConvertResult(sid, "refused", needs_force=True,
+                             reason=f"SRC is damaged: {damage.refusal()}; convert --repaired --force imports the "
+                             "conversation without the undecodable lines (SRC is never written)")
+    if not exam.plan.empty and not repaired:
+        found = exam.findings
+        first = f"line {found[0].line}: {found[0].detail}" if found else "a torn or undecodable last line"
+        return ConvertResult(sid, "refused", reason=f"SRC needs repair ({len(found) or 1} finding(s); "
+                             f"first: {first}); convert --repaired imports the repaired conversation "
+                             "(SRC is never written)")
+    try:
+        records = import_records(sid, fmt, path, fmt.events(exam.repaired_lines() if repaired else exam.lines))
+    except RecordError as exc:
+        return ConvertResult(sid, "error", reason=f"{path}: an entry cannot be a sessionlog record: {exc.reason}")
+    store = dst.open()
+    if dst.holds(sid):
+        if digest(records) == digest(store.read(sid)):
+            return ConvertResult(sid, "skipped", records=len(records), reason="DST already holds these records")
+        return ConvertResult(sid, "exists", reason=f"{store.url}: a different session {sid!r} already exists; "
+                             "not overwritten")
+    try:
+        store.import_session(sid, iter(records))
+    except SessionExists as exc:
+        return ConvertResult(sid, "exists", reason=str(exc))
+    except SessionLogError as exc:
+        return ConvertResult(sid, "error", reason=str(exc))
+    dst.published = True
+    if digest(store.read(sid)) != digest(records):
+        raise SessionLogError(f"{store.url}: session {sid!r} does not read back byte-identical after convert")
+    return ConvertResult(sid, "converted", records=len(records))
+
+
+def convert_target(target: ForeignTarget, dst_text: str, *, repaired: bool, force: bool) -> list[ConvertResult]:
+    """:func:`convert_file` for every file of ``target`` into the store ``dst_text`` names
+    (a path or URL; a new ``DIR/<id>.jsonl`` names the session of a single file). Raises
+    ForeignUsageError when DST names one session but SRC holds several files."""
+    dst_url, dst_session = destination(dst_text)
+    if dst_session is not None and len(target.files) != 1:
+        raise ForeignUsageError(f"{dst_text} names one session, but {target.root} holds {len(target.files)} files")
+    with Destination(dst_url) as dst, _progress("converting", len(target.files)) as advance:
+        results = []
+        for path, fmt in target.files:
+            results.append(convert_file(path, fmt, dst, repaired=repaired, force=force, session=dst_session))
+            advance(1)
+        return results
