@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sessionlog import open_store
 from sessionlog.cli import main
+from sessionlog.projection import check_pairing, project
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 FOREIGN = sorted((fmt, name) for fmt in ("claude-code", "codex")
@@ -153,9 +155,22 @@ def check_commands(fmt: str, data: bytes) -> None:
             assert code in SHOW_EXITS, view
         code, _ = run("show", path, "--input-format", fmt, "--json")
         assert code in SHOW_EXITS
-        with tempfile.TemporaryDirectory() as elsewhere:  # convert reads sessionlog logs only: exit 4
+        with tempfile.TemporaryDirectory() as elsewhere:  # convert imports the file, never writing it
             code, _ = run("convert", path, "jsonl:" + os.path.join(elsewhere, "dst"))
             assert code in CONVERT_EXITS
+            dst = "jsonl:" + os.path.join(elsewhere, "repaired")
+            code, out = run("convert", path, dst, "--input-format", fmt, "--repaired", "--force", "--json")
+            imported = one_row(out)
+            assert code in (0, 4), imported  # 4: an entry that cannot be a record, or nothing decodes
+            if code == 0:
+                with open_store(dst) as store:
+                    result = store.scan(imported["session"])
+                    assert result.damage is None and result.record_count == imported["records"]
+                    records = list(store.read(imported["session"]))
+                native = "anthropic" if fmt == "claude-code" else "responses"
+                assert check_pairing(project(records, native).items, native) is None
+            else:
+                assert not os.path.exists(os.path.join(elsewhere, "repaired"))
         assert listing(directory) == {"session.jsonl": data}
 
         # repair: a documented exit; then a second scan calls the file clean and a second
