@@ -185,6 +185,8 @@ def check(batch: list[Any], record_limit: int = 1 << 16) -> None:
 @example(batch=[{"type": "x", "v": Text("y")}, {"type": "x", "v": [[[1]]]}])
 @example(batch=[{"type": "x", "r": msgspec.Raw(b'1,"seq":9')}])
 @example(batch=[{"type": "x", "r": [msgspec.Raw(b"[" * 127 + b"]" * 127)]}])
+@example(batch=[{"type": "x", "v": ({1: msgspec.Raw(b'1,"seq":9')},)}])  # a Raw under a non-str key
+@example(batch=[{"type": "x", "v": {Text("k"): [msgspec.Raw(b"[" * 129 + b"]" * 129)]}}])
 def test_fast_path_is_the_exact_path(batch: list[Any]) -> None:
     check(batch)
 
