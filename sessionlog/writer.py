@@ -22,11 +22,13 @@ is the only write the writer has to do (one producer's events, no other write in
 flight, the session already owned): then ``await append()`` writes it inline, in the
 producer's own task. When the loop has other callbacks ready, it first yields once so
 that producers ready at the same moment can queue behind it (then they are all written
-together, the common way); when nothing else is ready, it writes at once. A lone append
-then costs a direct durable append and a little bookkeeping: no thread hop, no task, no
-turn of the loop, the same system calls. (Loops that do not expose their ready queue,
-e.g. uvloop, always take the one turn.) ``inline=False`` always uses a thread (the loop
-is then never blocked by a sync).
+together, the common way); when nothing else is ready and the loop turned less than
+:data:`INLINE_SPAN` (1 ms) ago, it writes at once. A lone append then costs a direct
+durable append and a little bookkeeping: no thread hop, no task, the same system calls,
+and at most one turn of the loop per millisecond (so a tight loop of appends still lets
+timers and I/O run). Loops that do not expose their ready queue (e.g. uvloop) always take
+the one turn. ``inline=False`` always uses a thread (the loop is then never blocked by a
+sync).
 
 Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever raised:
 
@@ -158,6 +160,7 @@ class WriteBehind:
         self.group_commit = group_commit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepted = 0  # events accepted so far (a lone append sees whether others came)
+        self._turned = -INLINE_SPAN  # loop time when a lone append last let the loop turn
         self._lone_waiting = False  # a lone append is yielding before it writes inline
         self._ready: dict[_Lane, None] = {}  # group commit: sessions with events to write, in order
         self._group_task: asyncio.Task[None] | None = None
@@ -216,9 +219,12 @@ class WriteBehind:
         lane, pending = self._accept(session_id, events, expect_seq)
         pending.awaited = True
         if self._lone(lane, pending):
-            if _nothing_ready(self._loop):
-                # No other callback is ready to run: a yield would only poll for I/O and
-                # come straight back here. Write it now, inline.
+            loop = self._loop
+            assert loop is not None
+            if _nothing_ready(loop) and loop.time() - self._turned < INLINE_SPAN:
+                # No other callback is ready to run and the loop polled for I/O and timers
+                # less than INLINE_SPAN ago: a yield would only poll again and come straight
+                # back here. Write it now, inline.
                 return self._write_lone(lane, pending)
             # Others are ready (or the loop cannot tell): yield once (a bare yield, no task,
             # no future callback) so that producers among them can queue behind it. If none
@@ -234,6 +240,7 @@ class WriteBehind:
                 raise
             finally:
                 self._lone_waiting = False
+            self._turned = loop.time()
             if self._accepted == accepted and self._lone(lane, pending):
                 return self._write_lone(lane, pending)
         self._start(lane)
@@ -705,6 +712,12 @@ def _as_error(exc: BaseException) -> SessionLogError:
     failure = AppendFailed(f"write failed: {type(exc).__name__}: {exc}")
     failure.__cause__ = exc
     return failure
+
+
+INLINE_SPAN = 0.001
+"""Seconds a lone producer's appends may run inline without letting the loop turn: a tight
+loop of ``await append()`` still lets the loop poll for I/O and run due timers at least
+this often (plus one append)."""
 
 
 def _nothing_ready(loop: asyncio.AbstractEventLoop | None) -> bool:

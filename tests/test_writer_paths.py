@@ -13,7 +13,7 @@ from sessionlog.backends.jsonl import open_jsonl
 
 import sessionlog
 from sessionlog import AppendFailed, InvalidEvent, SequenceConflict
-from sessionlog.writer import WriteBehind
+from sessionlog.writer import INLINE_SPAN, WriteBehind
 
 
 class Seen:
@@ -75,7 +75,7 @@ class CountingSelector(selectors.DefaultSelector):
         return super().select(timeout)
 
 
-def test_a_lone_append_with_nothing_else_ready_costs_no_turn_of_the_loop_and_no_task(tmp_path):
+def test_a_lone_append_with_nothing_else_ready_turns_the_loop_at_most_once_a_millisecond(tmp_path):
     store = _jsonl(tmp_path, "s1")
     loop = asyncio.SelectorEventLoop(CountingSelector())
     tasks = []
@@ -89,21 +89,47 @@ def test_a_lone_append_with_nothing_else_ready_costs_no_turn_of_the_loop_and_no_
         await w.append("s1", [{"type": "first"}])  # owns the session (in a thread)
         loop.set_task_factory(factory)
         turns = CountingSelector.turns
+        start = loop.time()
         for i in range(50):
             await w.append("s1", [{"type": "ev", "i": i}])
+        elapsed = loop.time() - start
         turns, CountingSelector.turns = CountingSelector.turns - turns, 0
         loop.set_task_factory(None)
         await w.close()
-        return turns
+        return turns, elapsed
 
     try:
-        turns = loop.run_until_complete(main())
+        turns, elapsed = loop.run_until_complete(main())
     finally:
         loop.close()
-    # Nothing else is ready: each append is written inline at once (was: a drain task and
-    # two turns per append, then one turn).
-    assert turns == 0 and tasks == []
+    # Nothing else is ready: appends are written inline, the loop turning at most once per
+    # INLINE_SPAN (was: a drain task and two turns per append, then one turn per append).
+    assert tasks == []
+    assert 1 <= turns <= elapsed / INLINE_SPAN + 1
     assert len(list(store.read("s1"))) == 52
+
+
+def test_a_tight_loop_of_lone_appends_still_runs_due_timers(tmp_path):
+    store = _jsonl(tmp_path, "s1")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with WriteBehind(store) as w:
+            await w.append("s1", [{"type": "first"}])
+            appended = [0]
+            fired = []
+            loop.call_later(0.002, lambda: fired.append(appended[0]))
+            start = loop.time()
+            while not fired and loop.time() - start < 10:
+                await w.append("s1", [{"type": "ev"}])
+                appended[0] += 1
+            return fired, appended[0], loop.time() - start
+
+    fired, appended, elapsed = asyncio.run(main())
+    # The timer ran while the producer was still appending (it stops once it sees it).
+    assert fired, f"the timer never ran in {elapsed:.1f} s of appends"
+    assert appended in (fired[0], fired[0] + 1)
+    assert elapsed < 2, f"a timer due after 2 ms ran after {elapsed:.1f} s of appends"
 
 
 def test_a_lone_producer_still_lets_the_loop_run_other_tasks(tmp_path):
