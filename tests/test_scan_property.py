@@ -212,6 +212,21 @@ def _adversarial(seq: int, kind: str) -> bytes:
         "ts-overflow": line.replace(b'"ts":2.5', b'"ts":1e999'),
         "envelope-last": b'{"call_id":"c","seq":%d,"type":"x","ts":3}' % seq,
         "envelope-repeat": line[:-1] + b',"seq":%d}' % seq,
+        # A newline inside a member's value: the members re-encode to the same bytes, but
+        # the line is two lines.
+        "newline-in-member": line.replace(b'"a":[1,', b'"a":[1,\n'),
+        "newline-ends-member": line.replace(b'"a":[1,', b'"a":[1\n,'),
+        # More than MAX_DEPTH brackets on a line that is not that deep (a long list of
+        # lists), and that deep with the brackets spread out.
+        "many-openers": line[:-1] + b',"l":[' + b",".join([b"[]"] * 200) + b"]}",
+        "many-openers-deep": line[:-1] + b',"l":[' + b",".join([b"[]"] * 200) + b"]," + b'"d":'
+        + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
+        "spread-depth-129": line[:-1] + b',"d":' + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
+        "spread-depth-128": line[:-1] + b',"d":' + b'{"k":[' * 63 + b'{"k":1}' + b"]}" * 63 + b"}",
+        "escaped-key": line.replace(b'"output"', b'"\\u006futput"'),
+        "escaped-envelope-key": line.replace(b'"ts"', b'"t\\u0073"'),
+        "non-ascii-key": line.replace(b'"output"', b'"\xc3\xb6utput"'),
+        "nul-in-string": line.replace(b'"output":"', b'"output":"\x00'),
     }[kind]
 
 
@@ -219,7 +234,9 @@ ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", 
                "depth-128", "depth-129", "deep", "multi-line", "two-objects", "two-objects-comma", "nul", "nul-run",
                "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty",
                "type-number", "type-missing", "seq-missing", "seq-float", "seq-bool", "ts-bool", "ts-int",
-               "ts-overflow", "envelope-last", "envelope-repeat"]
+               "ts-overflow", "envelope-last", "envelope-repeat", "newline-in-member", "newline-ends-member",
+               "many-openers", "many-openers-deep", "spread-depth-129", "spread-depth-128", "escaped-key",
+               "escaped-envelope-key", "non-ascii-key", "nul-in-string"]
 
 
 def exact_prefix(data: bytes) -> tuple[list[bytes], int]:
