@@ -289,8 +289,10 @@ def region_records(region: bytes, first_seq: int) -> tuple[list[Record], bool]:
 
 
 # A line nested deeper than MAX_DEPTH opens more than MAX_DEPTH brackets: in a region's
-# openers (see _NOT_OPENERS), more than MAX_DEPTH of them between two newlines.
-_MANY_OPENERS = re.compile(rb"[^\n]{%d}" % (MAX_DEPTH + 1))
+# openers (see _NOT_OPENERS) after a newline, more than MAX_DEPTH of them before the next.
+# Searched in "\n" + openers: a match is tried at newlines only (the literal comes first),
+# so the search is linear in the openers.
+_MANY_OPENERS = re.compile(rb"\n[^\n]{%d}" % (MAX_DEPTH + 1))
 
 
 def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
@@ -302,23 +304,29 @@ def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
     proven as a whole; the envelopes are decoded from the raw members. The first line
     that is not proven (and the prefix is empty when the region is not one object per
     line) is left to the exact, line-by-line rules, which accept it or explain why not."""
+    cut = False
     if not region.isascii():
         try:
             region.decode("utf-8")
-        except UnicodeDecodeError:
-            return _general_run(region, first_seq)
+        except UnicodeDecodeError as exc:
+            # The lines before the first invalid byte (the exact path tells what it is).
+            region = region[: region.rfind(b"\n", 0, exc.start) + 1]
+            if not region:
+                return RecordRun.empty(), False
+            cut = True
     members = _decode_lines(region)
     if members is not None:
         run = _compact_run(region, members, first_seq)
         if run is not None:
-            return run, True
-    return _general_run(region, first_seq)
+            return run, not cut
+    run, every = _general_run(region, first_seq, members)
+    return run, every and not cut
 
 
 def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
-    """The run of a region (valid UTF-8, whole lines) whose every line is a record written as
-    this engine writes them, proven without splitting it into lines; None when any line
-    is not (the general path then finds the proven prefix).
+    """The run of a region (valid UTF-8, whole lines) whose every line is a record
+    written as this engine writes them, proven without splitting it into lines; None
+    when any line is not (the general path then finds the proven prefix).
 
     Each of the ``n`` objects decoded from ``region`` (``members``) re-encodes to the
     region byte for byte, and the region holds ``n`` newlines: the encoder ends each
@@ -334,7 +342,7 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
     if openers.count(b"\n") != n:
         return None
     lines = None
-    if len(openers) - n > MAX_DEPTH and _MANY_OPENERS.search(openers) is not None:
+    if len(openers) - n > MAX_DEPTH and _MANY_OPENERS.search(b"\n" + openers) is not None:
         # Some line opens that many brackets (a long list of objects, say): measure those.
         lines = region.split(b"\n")
         for line, count in zip(lines, map(len, openers.split(b"\n"))):
@@ -350,22 +358,14 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
     return RecordRun(region, seqs, tss, types, members, lines)
 
 
-def _general_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
-    """:func:`region_run` for any region: split into lines, each rule proven on the
-    region or on the lines it does not hold for."""
-    cut = False
-    if not region.isascii():
-        try:
-            region.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            region = region[: region.rfind(b"\n", 0, exc.start) + 1]
-            if not region:
-                return RecordRun.empty(), False
-            cut = True
+def _general_run(region: bytes, first_seq: int, members: list[dict[str, msgspec.Raw]] | None
+                 ) -> tuple[RecordRun, bool]:
+    """:func:`region_run` for any region of valid UTF-8 (``members``: its objects, None
+    when it does not decode): split into lines, each rule proven on the region or on the
+    lines it does not hold for. Returns the run and whether it holds every line."""
     lines = region.split(b"\n")
     lines.pop()
-    whole = -1 if cut else len(lines)
-    members = _decode_lines(region)
+    every = len(lines)
     if members is None:
         # Something in the region does not decode: the longest prefix that does, found by
         # halving (a few decodes of shrinking size, never one per line).
@@ -407,7 +407,7 @@ def _general_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
         del lines[good:], seqs[good:], tss[good:], types[good:], members[good:]
     # The proven lines are the first lines of ``region`` (whichever prefix it was cut to).
     data = region[: sum(map(len, lines)) + len(lines)]
-    return RecordRun(data, seqs, tss, types, members, lines), len(lines) == whole
+    return RecordRun(data, seqs, tss, types, members, lines), len(lines) == every
 
 
 def unreadable(lines: list[bytes]) -> tuple[int, str] | None:
