@@ -239,6 +239,29 @@ ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", 
                "escaped-envelope-key", "non-ascii-key", "nul-in-string"]
 
 
+def runs_scanned(data: bytes) -> tuple[list[bytes], int, object]:
+    """The prefix as a scan's consumer reads it run by run (no Record built): each run's
+    parallel lists are its records' own, and the summary is up to date as it comes."""
+    import io
+
+    from sessionlog.events import Record
+    from sessionlog.scan import LineScan
+
+    scanner = LineScan(io.BytesIO(data).read, session_id="s", where="<bytes>")
+    lines: list[bytes] = []
+    for run in scanner.runs():
+        run_lines = run.lines()
+        assert run.data == b"".join(line + b"\n" for line in run_lines) and run.last_raw() == run_lines[-1]
+        exact = [Record.from_line(line) for line in run_lines]
+        assert run.seqs == [r.seq for r in exact] and run.tss == [r.ts for r in exact]
+        assert run.types == [r.type for r in exact]
+        assert [dict(m) for m in run.members] == [dict(r._members) for r in exact]
+        lines.extend(run_lines)
+        assert (scanner.count, scanner.last_seq, scanner.stable_offset) == (
+            len(lines), len(lines), sum(len(line) + 1 for line in lines))
+    return lines, scanner.stable_offset, scanner.damage
+
+
 def exact_prefix(data: bytes) -> tuple[list[bytes], int]:
     """The reference: each line alone through Record.from_line, seqs from 1."""
     from sessionlog.events import Record, RecordError
@@ -271,6 +294,7 @@ def test_fast_path_accepts_exactly_what_the_exact_rules_accept(n, all_spaced, od
     assert [r.raw for r in records] == expected
     assert stable == end
     assert (damage is None) == (end == len(data))
+    assert runs_scanned(data) == (expected, end, damage)
     for record in records:  # the envelope the fast path read is the line's own
         from sessionlog.events import Record
 
