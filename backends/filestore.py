@@ -55,6 +55,7 @@ from sessionlog.durable import (
 from sessionlog.events import (
     LOG_TRUNCATED,
     Record,
+    RecordRun,
     header_event,
     valid_session_id,
 )
@@ -78,6 +79,10 @@ class PrefixScanner(Protocol):
     damage: Damage | None
 
     def __iter__(self) -> Iterator[Record]: ...
+
+    def runs(self) -> Iterator[RecordRun]:
+        """The prefix's records a run at a time (instead of iterating record by record)."""
+        ...
 
 
 class Framing(Protocol):
@@ -565,17 +570,19 @@ class FileStore:
         fd = self.open_read(session_id)
         tracker = PendingCalls()
         named: set[str] = set()
-        record = None
+        run = None
         try:
             scanner = self.framing.scan(
                 fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=owned
             )
-            for record in scanner:
-                tracker.feed(record)
-                if record.type == LOG_TRUNCATED:
-                    q = record.get("quarantine")
-                    if isinstance(q, str):
-                        named.add(q)
+            for run in scanner.runs():
+                tracker.feed_run(run)
+                if LOG_TRUNCATED in run.types:
+                    for record in run.records():
+                        if record.type == LOG_TRUNCATED:
+                            q = record.get("quarantine")
+                            if isinstance(q, str):
+                                named.add(q)
         except OSError as exc:
             raise _io_error(exc, path, "read") from exc
         finally:
@@ -584,7 +591,7 @@ class FileStore:
         result = ScanResult.of_prefix(
             session_id, path, scanner, tracker, stable_offset=scanner.stable_offset, owned=owned,
             unmarked_quarantines=unmarked, load=lambda: self.read(session_id),
-            last_raw=bytes(record.raw) if record is not None else None,
+            last_raw=run.last_raw() if run is not None else None,
         )
         return result
 

@@ -24,7 +24,7 @@ from itertools import chain
 import zstandard
 
 from sessionlog.contract import CorruptLog, Damage, DamageKind, Failure, power_loss_nuls
-from sessionlog.events import Record, RecordError, decode_region
+from sessionlog.events import Record, RecordError, RecordRun, region_run
 from sessionlog.scan import DEFAULT_LIMITS, Limits, LineScan, check_header, tail_damage
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # 0xFD2FB528, little-endian
@@ -256,12 +256,13 @@ def _whole_records(content: bytes, expected_seq: int, record_limit: int) -> list
     LineScan classifies it)."""
     if not content.endswith(b"\n"):
         return None
-    records = decode_region(content, expected_seq)
-    # decode_region proves a prefix of whole lines: all of them when it holds as many
-    # records as the content has newlines. A line the fast path could not prove (a record
-    # written with spaces, say): the exact rules take the whole frame.
-    if len(records) != content.count(b"\n"):
+    run, whole = region_run(content, expected_seq)
+    # region_run proves a prefix of whole lines and says whether it is all of them. A line
+    # the fast path could not prove (a record written with spaces, say): the exact rules
+    # take the whole frame.
+    if not whole:
         return None
+    records = run.records()
     if len(content) > record_limit and max(len(r.raw) for r in records) > record_limit:
         return None
     return records
@@ -361,15 +362,19 @@ class FrameScan:
         self._ahead: Shape | None = None  # the frame after the last batch, walked already
 
     def __iter__(self) -> Iterator[Record]:
+        # The records go out run by run in one C-level loop.
+        return chain.from_iterable(map(RecordRun.records, self.runs()))
+
+    def runs(self) -> Iterator[RecordRun]:
+        """The records of the prefix, a verified run of frames at a time (iterate a
+        scanner once, either way); the summary is brought up to date before each run is
+        handed out, as its frames verified."""
         if self._done:
             raise RuntimeError("a FrameScan is iterated once")
         self._done = True
-        # The records go out list by list in one C-level loop; the summary is brought up
-        # to date before each list is handed out, as each frame verified.
-        return chain.from_iterable(self._runs())
+        return self._runs()
 
-    def _runs(self) -> Iterator[list[Record]]:
-        """The records of the prefix, a verified run of frames at a time."""
+    def _runs(self) -> Iterator[RecordRun]:
         stream = self._stream
         region = self.region
         span = region  # content bytes the next batch may hold (shrinks after a failed batch)
@@ -383,15 +388,14 @@ class FrameScan:
                 # path below with its content, and the next batch is smaller.
                 shapes, contents = self._gather(pos, span)
                 if shapes:
-                    records, taken = self._batch(contents)
+                    run, taken = self._batch(contents)
                     if taken:
-                        last = records[-1]
                         pos = self.stable_offset = shapes[taken - 1].end
                         self.frames += taken
-                        self.count += len(records)
-                        self.last_seq = last.seq
-                        self.last_ts = last.ts
-                        yield records
+                        self.count += len(run)
+                        self.last_seq = run.seqs[-1]
+                        self.last_ts = run.tss[-1]
+                        yield run
                     if taken == len(shapes):
                         span = min(2 * span, region)
                         continue
@@ -412,7 +416,7 @@ class FrameScan:
                 self.count += len(records)
                 self.last_seq = records[-1].seq
                 self.last_ts = records[-1].ts
-                yield records
+                yield RecordRun.of(records)
 
     def _frame(self, pos: int, shape: Shape | None = None, content: bytes | None = None
                ) -> tuple[int, list[Record]] | None:
@@ -489,28 +493,28 @@ class FrameScan:
                 break
         return shapes, contents
 
-    def _batch(self, contents: list[bytes]) -> tuple[list[Record], int]:
+    def _batch(self, contents: list[bytes]) -> tuple[RecordRun, int]:
         """The records of the leading frames whose every record the fast path proves,
         and how many frames that is (``contents``: whole frames' contents, each ending in
         a newline)."""
         body = contents[0] if len(contents) == 1 else b"".join(contents)
-        records = decode_region(body, self.last_seq + 1)
+        run, whole = region_run(body, self.last_seq + 1)
         limit = self.limits.record_limit
-        if len(body) > limit:
-            over = [k for k, r in enumerate(records) if len(r.raw) > limit]
+        if len(body) > limit and len(run):
+            over = [k for k, line in enumerate(run.lines()) if len(line) > limit]
             if over:
-                del records[over[0]:]  # the exact path reports a record over the limit
-        if len(records) == body.count(b"\n"):
-            return records, len(contents)
+                run = run.head(over[0])  # the exact path reports a record over the limit
+                whole = False
+        if whole:
+            return run, len(contents)
         taken = lines = 0
         for content in contents:
             n = lines + content.count(b"\n")
-            if n > len(records):
+            if n > len(run):
                 break
             lines = n
             taken += 1
-        del records[lines:]
-        return records, taken
+        return run.head(lines), taken
 
     def _fail(self, offset: int, what: str, reason: str, end: int | None = None) -> None:
         """Classify the tail at ``offset``: ``what`` is "torn", "seq" or "bad"; ``end``

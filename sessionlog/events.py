@@ -278,31 +278,95 @@ def _envelopes(members: list[dict[str, msgspec.Raw]]) -> tuple[list[int], list[f
 
 def decode_region(region: bytes, first_seq: int) -> list[Record]:
     """The records of the longest proven prefix of ``region``: see :func:`region_records`."""
-    return region_records(region, first_seq)[0]
+    return region_run(region, first_seq)[0].records()
 
 
 def region_records(region: bytes, first_seq: int) -> tuple[list[Record], bool]:
     """The records of the longest prefix of ``region`` (whole lines, each ending in a
-    newline) that the region rules prove, with seqs running on from ``first_seq``.
+    newline) that the region rules prove, with seqs running on from ``first_seq``, and
+    whether that prefix is the whole region: :func:`region_run` with its records built."""
+    run, whole = region_run(region, first_seq)
+    return run.records(), whole
+
+
+# A line nested deeper than MAX_DEPTH opens more than MAX_DEPTH brackets: in a region's
+# openers (see _NOT_OPENERS) after a newline, more than MAX_DEPTH of them before the next.
+# Searched in "\n" + openers: a match is tried at newlines only (the literal comes first),
+# so the search is linear in the openers.
+_MANY_OPENERS = re.compile(rb"\n[^\n]{%d}" % (MAX_DEPTH + 1))
+
+
+def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
+    """The records of the longest prefix of ``region`` (whole lines, each ending in a
+    newline) that the region rules prove, with seqs running on from ``first_seq``, as a
+    :class:`RecordRun`; and whether that prefix is the whole region.
 
     The fast path of a scan: the region's members are decoded in one msgspec call and
-    proven as a whole (:func:`_proven_prefix`); the envelopes are decoded from the raw
-    members. The first line that is not proven (and the prefix is empty when the region
-    is not one object per line) is left to the exact, line-by-line rules, which accept
-    it or explain why not."""
+    proven as a whole; the envelopes are decoded from the raw members. The first line
+    that is not proven (and the prefix is empty when the region is not one object per
+    line) is left to the exact, line-by-line rules, which accept it or explain why not."""
     cut = False
     if not region.isascii():
         try:
             region.decode("utf-8")
         except UnicodeDecodeError as exc:
+            # The lines before the first invalid byte (the exact path tells what it is).
             region = region[: region.rfind(b"\n", 0, exc.start) + 1]
             if not region:
-                return [], False
+                return RecordRun.empty(), False
             cut = True
+    members = _decode_lines(region)
+    if members is not None:
+        run = _compact_run(region, members, first_seq)
+        if run is not None:
+            return run, not cut
+    run, every = _general_run(region, first_seq, members)
+    return run, every and not cut
+
+
+def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
+    """The run of a region (valid UTF-8, whole lines) whose every line is a record
+    written as this engine writes them, proven without splitting it into lines; None
+    when any line is not (the general path then finds the proven prefix).
+
+    Each of the ``n`` objects decoded from ``region`` (``members``) re-encodes to the
+    region byte for byte, and the region holds ``n`` newlines: the encoder ends each
+    object with one, so no object holds another and each line is one compact object with
+    unique top-level keys (a repeated key keeps one member and would not re-encode to
+    the same bytes). Depth: a line nested deeper than ``MAX_DEPTH`` opens more than
+    ``MAX_DEPTH`` brackets; the openers are kept with the newlines in one C-level pass,
+    and a line with that many takes the general path, which measures it exactly."""
+    n = len(members)
+    if _encoder.encode_lines(members) != region:
+        return None
+    openers = region.translate(None, _NOT_OPENERS)
+    if openers.count(b"\n") != n:
+        return None
+    lines = None
+    if len(openers) - n > MAX_DEPTH and _MANY_OPENERS.search(b"\n" + openers) is not None:
+        # Some line opens that many brackets (a long list of objects, say): measure those.
+        lines = region.split(b"\n")
+        for line, count in zip(lines, map(len, openers.split(b"\n"))):
+            if count > MAX_DEPTH and nested_deeper(line):
+                return None
+        lines.pop()
+    envelopes = _envelopes(members)
+    if envelopes is None:
+        return None
+    seqs, tss, types = envelopes
+    if seqs != list(range(first_seq, first_seq + n)) or "" in types:
+        return None
+    return RecordRun(region, seqs, tss, types, members, lines)
+
+
+def _general_run(region: bytes, first_seq: int, members: list[dict[str, msgspec.Raw]] | None
+                 ) -> tuple[RecordRun, bool]:
+    """:func:`region_run` for any region of valid UTF-8 (``members``: its objects, None
+    when it does not decode): split into lines, each rule proven on the region or on the
+    lines it does not hold for. Returns the run and whether it holds every line."""
     lines = region.split(b"\n")
     lines.pop()
-    whole = -1 if cut else len(lines)
-    members = _decode_lines(region)
+    every = len(lines)
     if members is None:
         # Something in the region does not decode: the longest prefix that does, found by
         # halving (a few decodes of shrinking size, never one per line).
@@ -315,12 +379,12 @@ def region_records(region: bytes, first_seq: int) -> tuple[list[Record], bool]:
                 low = mid
         lines = lines[:low]
         if not lines:
-            return [], False
+            return RecordRun.empty(), False
         region = b"\n".join(lines) + b"\n"
         members = _decode_lines(region)
         assert members is not None
     if len(lines) != len(members):  # not one object per line
-        return [], False
+        return RecordRun.empty(), False
     good = _proven_prefix(lines, region, members)
     if good < len(lines):
         del lines[good:], members[good:]
@@ -341,8 +405,10 @@ def region_records(region: bytes, first_seq: int) -> tuple[list[Record], bool]:
     if "" in types:
         good = min(good, types.index(""))
     if good < len(lines):
-        del lines[good:]
-    return list(map(Record, lines, seqs, tss, types, members)), len(lines) == whole
+        del lines[good:], seqs[good:], tss[good:], types[good:], members[good:]
+    # The proven lines are the first lines of ``region`` (whichever prefix it was cut to).
+    data = region[: sum(map(len, lines)) + len(lines)]
+    return RecordRun(data, seqs, tss, types, members, lines), len(lines) == every
 
 
 def unreadable(lines: list[bytes]) -> tuple[int, str] | None:
@@ -455,6 +521,73 @@ class Record(msgspec.Struct, gc=False, repr_omit_defaults=True):
 
 
 Mapping.register(Record)
+
+
+class RecordRun:
+    """The records of a run of whole lines a scan proved, as parallel lists: ``data``
+    (the lines, each ending in a newline), ``seqs``, ``tss``, ``types`` and ``members``
+    (each record's top-level members, raw). No :class:`Record` object is built until
+    :meth:`records` asks: a consumer that reads the envelopes and members (the scan's
+    transcript tracking) takes a region of records in one call."""
+
+    __slots__ = ("data", "seqs", "tss", "types", "members", "_lines", "_records")
+
+    def __init__(self, data: bytes, seqs: list[int], tss: list[float], types: list[str],
+                 members: list[dict[str, msgspec.Raw]], lines: list[bytes] | None = None) -> None:
+        self.data = data
+        self.seqs = seqs
+        self.tss = tss
+        self.types = types
+        self.members = members
+        self._lines = lines
+        self._records: list[Record] | None = None
+
+    @classmethod
+    def empty(cls) -> RecordRun:
+        return cls(b"", [], [], [], [], [])
+
+    @classmethod
+    def of(cls, records: list[Record]) -> RecordRun:
+        """The run of records decoded one by one (each with its members split)."""
+        run = cls(b"".join([r.raw + b"\n" for r in records]), [r.seq for r in records], [r.ts for r in records],
+                  [r.type for r in records], [r._members for r in records],  # type: ignore[misc]
+                  [r.raw for r in records])
+        run._records = records
+        return run
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def lines(self) -> list[bytes]:
+        """The records' lines, without newlines."""
+        lines = self._lines
+        if lines is None:
+            lines = self._lines = self.data.split(b"\n")
+            lines.pop()
+        return lines
+
+    def records(self) -> list[Record]:
+        """The run as :class:`Record` objects (built once)."""
+        records = self._records
+        if records is None:
+            records = self._records = list(map(Record, self.lines(), self.seqs, self.tss, self.types, self.members))
+        return records
+
+    def last_raw(self) -> bytes:
+        """The last record's line, without its newline (the run is not empty)."""
+        data = self.data
+        return data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
+
+    def head(self, n: int) -> RecordRun:
+        """The run of the first ``n`` records."""
+        if n >= len(self):
+            return self
+        lines = self.lines()[:n]
+        run = RecordRun(self.data[: sum(map(len, lines)) + n], self.seqs[:n], self.tss[:n], self.types[:n],
+                        self.members[:n], lines)
+        if self._records is not None:
+            run._records = self._records[:n]
+        return run
 
 
 _LINE_BREAK = (

@@ -171,3 +171,27 @@ def test_the_benchmark_shapes_are_what_they_claim():
             assert len(records) == kept and damage.kind is DamageKind.MID_LOG and damage.records_after > 50, shape
         else:
             assert damage is None and len(records) == data.count(b"\n") > 50, shape
+
+
+def test_a_region_run_is_its_records_in_parallel_lists():
+    """What a scan hands its consumer for a region: the lines' bytes and the records'
+    envelopes and members, as the exact rules read each line; ``head`` keeps a prefix."""
+    from sessionlog.events import RecordRun, region_run
+
+    lines = log(300)[1:]
+    # A shallow line that opens more than MAX_DEPTH brackets: measured, and kept.
+    lines[40] = lines[40][:-1] + b',"l":[' + b",".join([b"{}"] * 300) + b"]}"
+    region = b"".join(line + b"\n" for line in lines)
+    run, whole = region_run(region, 2)
+    exact = [Record.from_line(line) for line in lines]
+    assert whole and run.data == region and run.lines() == lines and len(run) == len(lines)
+    assert run.seqs == [r.seq for r in exact] and run.tss == [r.ts for r in exact]
+    assert run.types == [r.type for r in exact] and run.last_raw() == lines[-1]
+    assert run.records() == exact and [r.raw_member("call_id") for r in run.records()] == [
+        r.raw_member("call_id") for r in exact]
+    head = run.head(41)
+    assert head.data == b"".join(line + b"\n" for line in lines[:41]) and head.lines() == lines[:41]
+    assert (head.seqs, head.tss, head.types) == (run.seqs[:41], run.tss[:41], run.types[:41])
+    assert head.records() == exact[:41] and run.head(len(run)) is run
+    again = RecordRun.of(exact[:3])
+    assert again.records() is not None and again.data == region[: len(again.data)] and again.seqs == [2, 3, 4]

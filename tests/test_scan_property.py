@@ -212,6 +212,21 @@ def _adversarial(seq: int, kind: str) -> bytes:
         "ts-overflow": line.replace(b'"ts":2.5', b'"ts":1e999'),
         "envelope-last": b'{"call_id":"c","seq":%d,"type":"x","ts":3}' % seq,
         "envelope-repeat": line[:-1] + b',"seq":%d}' % seq,
+        # A newline inside a member's value: the members re-encode to the same bytes, but
+        # the line is two lines.
+        "newline-in-member": line.replace(b'"a":[1,', b'"a":[1,\n'),
+        "newline-ends-member": line.replace(b'"a":[1,', b'"a":[1\n,'),
+        # More than MAX_DEPTH brackets on a line that is not that deep (a long list of
+        # lists), and that deep with the brackets spread out.
+        "many-openers": line[:-1] + b',"l":[' + b",".join([b"[]"] * 200) + b"]}",
+        "many-openers-deep": line[:-1] + b',"l":[' + b",".join([b"[]"] * 200) + b"]," + b'"d":'
+        + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
+        "spread-depth-129": line[:-1] + b',"d":' + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
+        "spread-depth-128": line[:-1] + b',"d":' + b'{"k":[' * 63 + b'{"k":1}' + b"]}" * 63 + b"}",
+        "escaped-key": line.replace(b'"output"', b'"\\u006futput"'),
+        "escaped-envelope-key": line.replace(b'"ts"', b'"t\\u0073"'),
+        "non-ascii-key": line.replace(b'"output"', b'"\xc3\xb6utput"'),
+        "nul-in-string": line.replace(b'"output":"', b'"output":"\x00'),
     }[kind]
 
 
@@ -219,7 +234,32 @@ ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", 
                "depth-128", "depth-129", "deep", "multi-line", "two-objects", "two-objects-comma", "nul", "nul-run",
                "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty",
                "type-number", "type-missing", "seq-missing", "seq-float", "seq-bool", "ts-bool", "ts-int",
-               "ts-overflow", "envelope-last", "envelope-repeat"]
+               "ts-overflow", "envelope-last", "envelope-repeat", "newline-in-member", "newline-ends-member",
+               "many-openers", "many-openers-deep", "spread-depth-129", "spread-depth-128", "escaped-key",
+               "escaped-envelope-key", "non-ascii-key", "nul-in-string"]
+
+
+def runs_scanned(data: bytes) -> tuple[list[bytes], int, object]:
+    """The prefix as a scan's consumer reads it run by run (no Record built): each run's
+    parallel lists are its records' own, and the summary is up to date as it comes."""
+    import io
+
+    from sessionlog.events import Record
+    from sessionlog.scan import LineScan
+
+    scanner = LineScan(io.BytesIO(data).read, session_id="s", where="<bytes>")
+    lines: list[bytes] = []
+    for run in scanner.runs():
+        run_lines = run.lines()
+        assert run.data == b"".join(line + b"\n" for line in run_lines) and run.last_raw() == run_lines[-1]
+        exact = [Record.from_line(line) for line in run_lines]
+        assert run.seqs == [r.seq for r in exact] and run.tss == [r.ts for r in exact]
+        assert run.types == [r.type for r in exact]
+        assert [dict(m) for m in run.members] == [dict(r._members) for r in exact]
+        lines.extend(run_lines)
+        assert (scanner.count, scanner.last_seq, scanner.stable_offset) == (
+            len(lines), len(lines), sum(len(line) + 1 for line in lines))
+    return lines, scanner.stable_offset, scanner.damage
 
 
 def exact_prefix(data: bytes) -> tuple[list[bytes], int]:
@@ -254,6 +294,7 @@ def test_fast_path_accepts_exactly_what_the_exact_rules_accept(n, all_spaced, od
     assert [r.raw for r in records] == expected
     assert stable == end
     assert (damage is None) == (end == len(data))
+    assert runs_scanned(data) == (expected, end, damage)
     for record in records:  # the envelope the fast path read is the line's own
         from sessionlog.events import Record
 

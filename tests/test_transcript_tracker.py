@@ -33,11 +33,12 @@ from sessionlog.events import (
     TURN_END,
     TURN_START,
     Record,
+    RecordRun,
     decode_region,
     encode_record,
     requested_calls,
 )
-from sessionlog.scan import scan_bytes
+from sessionlog.scan import LineScan, scan_bytes
 from sessionlog.transcript import (
     PendingCall,
     PendingCalls,
@@ -442,6 +443,46 @@ def test_tracker_agrees_with_the_reference_on_a_scanned_log(events: list[dict[st
     agree([{"seq": seq, "ts": 1_700_000_000.0 + seq, **e} for seq, e in enumerate(events, 1)])
     agree([{"seq": seq, "ts": 1_700_000_000.0 + seq, **e} for seq, e in enumerate(events, 1)])
     assert state(PendingCalls().feed_all(scanned)) == state(ReferenceCalls().feed_all(scanned))
+
+
+@settings(max_examples=2000 if SLOW else 200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records(), st.lists(st.integers(1, 12), max_size=40))
+def test_a_run_fed_at_once_is_its_records_fed_one_by_one(records: list[Any], sizes: list[int]) -> None:
+    """``feed_run`` (how a scan feeds a region of records) agrees with the reference fed
+    record by record, after every run, whatever the runs' lengths."""
+    split = [r for r in records if type(r) is Record and r.raw_member("type") is not None]
+    tracker, reference = PendingCalls(), ReferenceCalls()
+    i = 0
+    for size in [*sizes, len(split)]:
+        run = split[i:i + size]
+        i += len(run)
+        tracker.feed_run(RecordRun.of(run))
+        reference.feed_all(run)
+        assert state(tracker) == state(reference), i
+    assert plans(tracker) == plans(reference)
+
+
+@settings(max_examples=1000 if SLOW else 100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events())
+def test_a_scans_runs_fed_at_once_agree_with_the_reference(events: list[dict[str, Any]]) -> None:
+    """The runs a scanner hands out (the region fast path's, without Record objects)."""
+    lines = [encode_record(e, seq, 1_700_000_000.0 + seq) for seq, e in enumerate(events, 1)]
+    data = b"".join(line + b"\n" for line in lines)
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        pos += n
+        return data[pos - n:pos]
+
+    tracker = PendingCalls()
+    scanner = LineScan(read, session_id=None, where="<bytes>")
+    for run in scanner.runs():
+        tracker.feed_run(run)
+    assert scanner.damage is None and scanner.count == len(events)
+    reference = ReferenceCalls().feed_all([Record.from_line(line) for line in lines])
+    assert state(tracker) == state(reference)
+    assert plans(tracker) == plans(reference)
 
 
 # --- cases worth naming --------------------------------------------------------------------

@@ -5,6 +5,7 @@ the same records, the same summary and the same damage or error, byte for byte."
 from __future__ import annotations
 
 import io
+from itertools import chain
 import os
 
 import pytest
@@ -14,7 +15,7 @@ from sessionlog.backends.zstd import compress_frame
 from sessionlog.backends.zstd_frames import MIN_REGION, REGION, FrameScan
 
 from sessionlog import Limits, SessionLogError
-from sessionlog.events import encode_record, header_event
+from sessionlog.events import Record, RecordRun, encode_record, header_event
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
     1000 if os.environ.get("SESSIONLOG_SLOW") else 100
@@ -115,15 +116,28 @@ def damaged(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-def outcome(data: bytes, *, region: int, limits: Limits, owned: bool, session_id: str | None) -> tuple:
+def run_records(run: RecordRun) -> list[Record]:
+    """The records of ``run``, checked against its parallel lists (what a scan's tracker
+    reads instead of the records)."""
+    records = run.records()
+    assert run.data == b"".join(r.raw + b"\n" for r in records)
+    assert run.seqs == [r.seq for r in records] and run.tss == [r.ts for r in records]
+    assert run.types == [r.type for r in records] and len(run) == len(records) > 0
+    assert [dict(m) for m in run.members] == [dict(Record.from_line(r.raw)._members) for r in records]
+    assert run.last_raw() == records[-1].raw
+    return records
+
+
+def outcome(data: bytes, *, region: int, limits: Limits, owned: bool, session_id: str | None,
+            by_runs: bool = False) -> tuple:
     """Everything a scan says about ``data``: its records and summary, and its damage or
-    the error it raised (type, message, offset)."""
+    the error it raised (type, message, offset). ``by_runs``: read through ``runs()``."""
     scanner = FrameScan(io.BytesIO(data).read, session_id=session_id, where="<mem>", limits=limits, owned=owned,
                         region=region)
     records = []
     error = None
     try:
-        for record in scanner:
+        for record in chain.from_iterable(map(run_records, scanner.runs())) if by_runs else scanner:
             records.append((record.raw, record.seq, record.ts, record.type))
     except SessionLogError as exc:
         error = (type(exc).__name__, str(exc), getattr(exc, "offset", None))
@@ -135,6 +149,8 @@ def assert_same(data: bytes, limits: Limits, owned: bool = False, session_id: st
     exact = outcome(data, region=0, limits=limits, owned=owned, session_id=session_id)
     for region in REGIONS:
         assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id) == exact, region
+        assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id,
+                       by_runs=True) == exact, region
     return exact
 
 
