@@ -171,3 +171,22 @@ def test_session_does_not_apply_to_a_foreign_file(src, tmp_path):
     assert main(["convert", str(src / "claude" / "healthy.jsonl"), f"jsonl:{tmp_path}/dst", "--session", "x"],
                 out) == 2
     assert not os.path.exists(tmp_path / "dst")
+
+
+def test_a_file_a_live_process_holds_open_is_locked(src, tmp_path):
+    import subprocess
+    import sys
+
+    path = src / "codex" / "healthy.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1],'ab'); "
+                              "print('ok', flush=True); time.sleep(60)", str(path)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"ok\n"
+        code, [row] = run("convert", str(path), f"jsonl:{tmp_path}/dst")
+        assert code == 5 and row["status"] == "locked" and f"process {child.pid}" in row["reason"]
+        assert not os.path.exists(tmp_path / "dst")
+    finally:
+        child.kill()
+        child.wait()
+    code, [row] = run("convert", str(path), f"jsonl:{tmp_path}/dst")
+    assert code == 0 and row["status"] == "converted"

@@ -387,14 +387,15 @@ def import_records(session: str, fmt: ForeignFormat, path: str, events: list[dic
 
 
 def convert_file(path: str, fmt: ForeignFormat, dst: Destination, *, repaired: bool, force: bool,
-                 session: str | None = None) -> ConvertResult:
+                 session: str | None = None, held: OpenFiles | None = None) -> ConvertResult:
     """Import one foreign file into DST as a new sessionlog session (``session``, or the
     tool's own session id, or the file's name): the conversation the tool resumes
     (:func:`import_records`). SRC is never written. A file that needs repair is "refused"
     unless ``repaired`` (then the conversation as ``sessionlog repair`` would leave the
     file is imported; damage before the end also needs ``force``); a file a live process
     uses is "locked". A DST session already holding these records is "skipped", a
-    different one is left as it is ("exists")."""
+    different one is left as it is ("exists"). ``held``: the open files of other
+    processes, taken once for many files (see :func:`files.open_files`)."""
     sid = session or _session(path, None)
     try:
         snap = read(path)
@@ -407,7 +408,7 @@ def convert_file(path: str, fmt: ForeignFormat, dst: Destination, *, repaired: b
     if not valid_session_id(sid):
         return ConvertResult(sid, "error", reason=f"{path}: {sid!r} is not a valid session id; name the DST "
                              "session: DIR/<id>.jsonl")
-    busy = in_use(path, fmt)
+    busy = in_use(path, fmt, held)
     if busy:
         return ConvertResult(sid, "locked", reason="in use by a live process: " + "; ".join(busy)
                              + "; convert it when it is done")
@@ -452,9 +453,11 @@ def convert_target(target: ForeignTarget, dst_text: str, *, repaired: bool, forc
     dst_url, dst_session = destination(dst_text)
     if dst_session is not None and len(target.files) != 1:
         raise ForeignUsageError(f"{dst_text} names one session, but {target.root} holds {len(target.files)} files")
+    held = open_files()
     with Destination(dst_url) as dst, _progress("converting", len(target.files)) as advance:
         results = []
         for path, fmt in target.files:
-            results.append(convert_file(path, fmt, dst, repaired=repaired, force=force, session=dst_session))
+            results.append(convert_file(path, fmt, dst, repaired=repaired, force=force, session=dst_session,
+                                        held=held))
             advance(1)
         return results
