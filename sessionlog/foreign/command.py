@@ -420,7 +420,13 @@ def convert_file(path: str, fmt: ForeignFormat, dst: Destination, *, repaired: b
                              "conversation without the undecodable lines (SRC is never written)")
     if not exam.plan.empty and not repaired:
         found = exam.findings
-        first = f"line {found[0].line}: {found[0].detail}" if found else "a torn or undecodable last line"
+        damage = exam.tail_damage
+        if found:
+            first = f"line {found[0].line}: {found[0].detail}"
+        elif damage is not None:
+            first = f"{damage.kind} at offset {damage.offset} ({damage.reason})"
+        else:  # pragma: no cover - a plan without findings cuts a damaged tail
+            first = "a damaged last line"
         return ConvertResult(sid, "refused", reason=f"SRC needs repair ({len(found) or 1} finding(s); "
                              f"first: {first}); convert --repaired imports the repaired conversation "
                              "(SRC is never written)")
