@@ -610,7 +610,7 @@ class StreamedView:
                     state = seen[call.call_id]
                     if state & ~1 == call.assistant_seq << 2:  # the id's latest call: now answered
                         seen[call.call_id] = (seq << 2) | 2 | (state & 1)
-                    if call.step_key not in _step_keys(tracker):
+                    if call.step is not None and call.step_key not in _step_keys(tracker):
                         issues.add(f"late result seq {seq} for call {call.call_id!r}, logged after its step "
                                    "closed, paired with its call")
                     if last_assistant != call.assistant_seq:

@@ -800,7 +800,7 @@ def pair_calls(records: Iterable[Mapping[str, Any]]) -> Pairing:
             if call is not None:
                 pair = paired[(call.assistant_seq, call.call_id)]
                 pair.result, pair.result_seq = record, seq
-                if call.step_key not in tracker._steps:
+                if call.step is not None and call.step_key not in tracker._steps:
                     issues.append(f"late result seq {seq} for call {call.call_id!r}, logged after its step "
                                   "closed, paired with its call")
                 continue

@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessionlog.projection import project
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, header_event
 from sessionlog.transcript import (
     PendingCalls,
@@ -577,3 +578,17 @@ def test_a_record_without_its_envelope_is_invalid_event_not_a_key_error():
                 sessionlog.project(bad, fmt)
         with pytest.raises(sessionlog.InvalidEvent):
             sessionlog.pending_deliveries(bad)
+
+
+def test_a_result_of_a_call_asked_outside_any_step_is_not_late() -> None:
+    # Records without steps (another tool's conversation, a runtime that does not use
+    # steps): a result after its call is simply its result.
+    records = numbered([
+        {"type": "user/message", "content": "hi"},
+        {"type": "assistant/message", "content": None, "tool_calls": [{"id": "a", "name": "f", "arguments": {}}]},
+        {"type": "tool/result", "call_id": "a", "output": "ok"},
+    ])
+    pairing = pair_calls(records)
+    assert pairing.exchanges[0].calls[0].result["output"] == "ok"
+    assert pairing.issues == []
+    assert project(records, "anthropic").issues == []
