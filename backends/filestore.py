@@ -172,6 +172,7 @@ class FileSession:
         self._fs = store.fs
         self._fd: int | None = None
         self._failed: str | None = None
+        self._grown = False  # appended to since the tail was last remembered (see close)
         self._mutex = threading.Lock()
         self._lock = lock if lock is not None else store.take_lock(session_id, timeout)
         try:
@@ -290,10 +291,7 @@ class FileSession:
             raise
         self._last_seq += n
         self._last_ts = last_ts
-        try:
-            self._remember(self._fs.fstat(self._fd))
-        except OSError:
-            pass  # no cache: the next open validates the tail
+        self._grown = True  # the tail is remembered when the handle closes: one fstat, not one per append
         return self._last_seq
 
     def _check_usable(self) -> None:
@@ -313,6 +311,13 @@ class FileSession:
         """Release the lock (after an append in flight on another thread has finished).
         Closing never raises over an exception already in flight."""
         with self._mutex:
+            if self._grown and self._fd is not None and self._failed is None:
+                # The next open of the session in this process reuses this tail (no other
+                # handle could append while this one held the lock).
+                try:
+                    self._remember(self._fs.fstat(self._fd))
+                except OSError:
+                    pass  # no cache: the next open validates the tail
             self._close_fd()
             self._lock.release()
 

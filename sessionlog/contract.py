@@ -558,6 +558,8 @@ def plan_batches(
 def events_list(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """``events`` as a list. Raises InvalidEvent for a lone mapping, or anything else that
     is not an iterable of events, passed where a batch is expected."""
+    if type(events) is list:  # the common case, without the ABC checks
+        return events.copy()
     if isinstance(events, Mapping):
         raise InvalidEvent("append takes a sequence of events, not a single mapping")
     if not isinstance(events, Iterable):

@@ -833,6 +833,7 @@ def _encode_fast(
 
 
 _TYPE_FIRST = b'\n{"type":'
+_TYPE_HEAD = _TYPE_FIRST[1:]
 _SEQ = b'{"seq":'
 _CUT = b"\x00"
 
@@ -851,6 +852,11 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
         block = _with_room(_encoder.encode_lines, events)
     except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
         return None
+    if n == 1:  # one event (the most common append): the same bytes without the splitting
+        if not block.startswith(_TYPE_HEAD):
+            return None
+        record = b"".join((_SEQ, _encoder.encode(seqs[0]), b',"ts":', ts, b",", block[1:]))
+        return [record[:-1]] if as_lines else record
     rests = (b"\n" + block).split(_TYPE_FIRST)
     if len(rests) != n + 1:
         return None

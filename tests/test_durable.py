@@ -806,3 +806,30 @@ def test_a_header_over_the_record_limit_is_refused_at_open_as_scan_refuses_it(tm
             with pytest.raises(CorruptLog, match="exceeds the record limit"):
                 store.session("s1")
             assert path.read_bytes() == line + b"\n"
+
+
+class CountingReads(FileSystem):
+    def __init__(self) -> None:
+        self.preads = 0
+
+    def pread(self, fd, n, offset):
+        self.preads += 1
+        return super().pread(fd, n, offset)
+
+
+def test_a_closed_handle_leaves_its_tail_for_the_next_open_and_a_change_voids_it(tmp_path):
+    fs = CountingReads()
+    store = open_jsonl(str(tmp_path), fs=fs)
+    store.create("s")
+    with store.session("s") as h:
+        for i in range(3):
+            h.append([{"type": "ev", "i": i}])
+    before = fs.preads
+    with store.session("s") as h:  # the tail the last handle left: nothing read
+        assert h.last_seq == 4
+    assert fs.preads == before
+    with open(store.path_of("s"), "ab") as f:  # another writer (no lock: a test) appends a record
+        f.write(b'{"seq":5,"ts":1.0,"type":"ev"}\n')
+    with store.session("s") as h:  # the file changed: its tail is read again
+        assert h.last_seq == 5
+    assert fs.preads > before
