@@ -31,7 +31,9 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # 0xFD2FB528, little-endian
 SKIPPABLE_MASK = 0xFFFFFFF0
 SKIPPABLE_MAGIC = 0x184D2A50
 MAX_BLOCK = 128 * 1024  # RFC 8878 Block_Maximum_Size ceiling
-READ_CHUNK = 1 << 20
+READ_CHUNK = 256 << 10
+"""Compressed bytes a scan reads at a time: a few regions' worth, so what is read stays in
+cache until it is decompressed and decoded (as :data:`sessionlog.scan.CHUNK`)."""
 REGION = 64 << 10
 """The most frame content one fast-path attempt of a scan decodes at once (whole frames;
 a larger frame alone). Regions that stay in cache decode faster."""

@@ -182,112 +182,90 @@ class PendingCalls:
         if type(record) is not Record or record._members is None:  # type: ignore[attr-defined]
             return self._feed_mapping(record)
         self.last_ts = record.ts  # type: ignore[attr-defined]
-        return self._feed_scanned([record.type], [record.seq], [record._members])  # type: ignore[attr-defined]
+        return self._feed_scanned(record.type, record.seq, record._members)  # type: ignore[attr-defined]
 
     def feed_run(self, run: RecordRun) -> None:
         """Account for a run of scanned records (a scanner's :class:`RecordRun`), in
-        order: what :meth:`feed` does with each of them, in one loop, without a Record
-        object per record."""
+        order: what :meth:`feed` does with each of them, without a Record object per
+        record."""
         if run.seqs:
-            self._feed_scanned(run.types, run.seqs, run.members)
+            feed = self._feed_scanned
+            for type_, seq, members in zip(run.types, run.seqs, run.members):
+                feed(type_, seq, members)
             self.last_ts = run.tss[-1]
 
-    def _feed_scanned(self, types: list[str], seqs: list[int], members: list[dict[str, Any]]) -> PendingCall | None:
-        """:meth:`feed` for scanned records, given as their types, seqs and members (name
-        -> JSON text); returns the call the last of them answered. The rules of the
-        mapping path below, on the members' JSON text, in one loop (this is the scan's
-        per-record cost). A member is decoded only where its text does not decide: the
-        turn a record names is compared as written with the latest turn text seen (one
-        decoding per turn, not per record), a call id is decoded once, the requested
-        calls' ids and names are decoded in one typed call that skips their arguments."""
-        turns, steps, by_id = self._turns, self._steps, self._by_id
-        # The latest turn text decoded to a string, and that string: a memo (text ->
-        # value), so it is right whenever it is written back.
-        last_turn_raw, last_turn = self._last_turn_raw, self._last_turn
-        answered = None
-        for type_, seq, fields in zip(types, seqs, members):
-            self.last_seq = seq
-            answered = None
-            if type_ == TOOL_RESULT or type_ == TOOL_CALL:
-                if not by_id:
-                    continue  # no call is owed a result: leave the record undecoded
-                raw = fields.get("call_id")
-                if raw is None:
-                    continue
-                try:
-                    owed = by_id.get(_decode_str(raw))
-                except msgspec.ValidationError:  # not a string: names no call
-                    continue
-                if not owed:
-                    continue
-                if len(owed) == 1:  # the common case: one call owed a result under this id
-                    call = owed[0]
-                    if call.turn is not None:
-                        raw = fields.get("turn")
-                        if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
-                            turn = _decode(raw)  # not the turn as its message wrote it: compare values
-                            if not (turn is None or turn == call.turn or _key(turn) == _key(call.turn)):
-                                continue
+    def _feed_scanned(self, type_: str, seq: int, members: dict[str, Any]) -> PendingCall | None:
+        """:meth:`feed` for a scanned record, given as its type, seq and members (name ->
+        JSON text): the rules of the mapping path below, on the members' JSON text
+        (decoded only where the text does not decide), in one frame."""
+        self.last_seq = seq
+        if type_ == TOOL_RESULT or type_ == TOOL_CALL:
+            by_id = self._by_id
+            if not by_id:
+                return None  # no call is owed a result: leave the record undecoded
+            raw = members.get("call_id")
+            if raw is None:
+                return None
+            try:
+                calls = by_id.get(_decode_str(raw))
+            except msgspec.ValidationError:  # not a string: names no call
+                return None
+            if not calls:
+                return None
+            if len(calls) == 1:  # the common case: one call owed a result under this id
+                call = calls[0]
+                if call.turn is not None:
+                    raw = members.get("turn")
+                    if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
+                        turn = _decode(raw)  # not the turn as its message wrote it: compare values
+                        if not (turn is None or turn == call.turn or _key(turn) == _key(call.turn)):
+                            return None
+            else:
+                call = self._match(_scanned(type_, seq, members))
+                if call is None:
+                    return None
+            return self._settle(call, type_ == TOOL_RESULT, seq)
+        if type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
+            turn_raw = raw = members.get("turn")
+            if raw is not None and raw == self._last_turn_raw:
+                turn = turn_key = self._last_turn  # a string: its own key
+            else:
+                turn = self._turn_text(raw)
+                turn_key = turn if type(turn) is str else _key(turn)
+            raw = members.get("step")
+            step = None if raw is None else _decode(raw)
+            key = (turn_key, step if type(step) is int else _key(step))
+            if type_ == ASSISTANT_MESSAGE:
+                raw = members.get("tool_calls")
+                if raw is None or raw == _NO_CALLS or raw == _NULL:
+                    requests: list[Any] = []
                 else:
-                    found = self._match(_scanned(type_, seq, fields))
-                    if found is None:
-                        continue
-                    call = found
-                if type_ == TOOL_RESULT:
-                    answered = self._settle(call, True, seq)
-                elif call.call_seq is None:
-                    call.call_seq = seq
-            elif type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
-                turn_raw = raw = fields.get("turn")
-                if raw is not None and raw == last_turn_raw:
-                    turn = turn_key = last_turn  # a string: its own key
-                else:
-                    turn = None if raw is None else _decode(raw)
-                    if type(turn) is str:
-                        last_turn_raw, last_turn = raw, turn
-                    elif turn is None:  # names no turn: the latest turn open
-                        turn = next(reversed(turns.values())) if turns else None
-                    turn_key = turn if type(turn) is str else _key(turn)
-                raw = fields.get("step")
-                step = None if raw is None else _decode(raw)
-                key = (turn_key, step if type(step) is int else _key(step))
-                if type_ == STEP_START:
-                    steps[key] = (turn, step)
-                elif type_ == STEP_END:
-                    steps.pop(key, None)
-                else:
-                    raw = fields.get("tool_calls")
-                    if raw is None or raw == _NO_CALLS or raw == _NULL:
-                        if type(step) is int and key not in steps:
-                            steps[key] = (turn, step)
-                    else:
-                        self._asked(turn, step, key, turn_raw, _requests(raw))
-            elif type_ == TURN_START:
-                raw = fields.get("turn")
-                turn = None if raw is None else _decode(raw)
-                key = turn if type(turn) is str else _key(turn)
-                turns.pop(key, None)  # a turn started again is the latest
-                turns[key] = turn
-            elif type_ == TURN_END:
-                raw = fields.get("turn")
-                if raw is not None and raw == last_turn_raw:
-                    turn = last_turn
-                else:
-                    turn = None if raw is None else _decode(raw)
-                    if type(turn) is str:
-                        last_turn_raw, last_turn = raw, turn
-                    elif turn is None:
-                        turn = next(reversed(turns.values())) if turns else None
-                self._end_turn(turn if type(turn) is str else _key(turn))
-            elif type_ == TOOL_APPROVAL and by_id:
-                raw = fields.get("state")
-                state = None if raw is None else _decode(raw)
-                if _approval_state(state):
-                    found = self._match(_scanned(type_, seq, fields))
-                    if found is not None:
-                        found.approval, found.approval_seq = state, seq
-        self._last_turn_raw, self._last_turn = last_turn_raw, last_turn
-        return answered
+                    requests = _requests(raw)
+                self._asked(turn, step, key, turn_raw, requests)
+                return None
+            if type_ == STEP_START:
+                self._steps[key] = (turn, step)
+            else:
+                self._steps.pop(key, None)
+            return None
+        if type_ == TURN_START:
+            raw = members.get("turn")
+            turn = None if raw is None else _decode(raw)
+            key = turn if type(turn) is str else _key(turn)
+            self._turns.pop(key, None)  # a turn started again is the latest
+            self._turns[key] = turn
+        elif type_ == TURN_END:
+            raw = members.get("turn")
+            turn = self._last_turn if raw is not None and raw == self._last_turn_raw else self._turn_text(raw)
+            self._end_turn(turn if type(turn) is str else _key(turn))
+        elif type_ == TOOL_APPROVAL and self._by_id:
+            raw = members.get("state")
+            state = None if raw is None else _decode(raw)
+            if _approval_state(state):
+                call = self._match(_scanned(type_, seq, members))
+                if call is not None:
+                    call.approval, call.approval_seq = state, seq
+        return None
 
     def _feed_mapping(self, record: Mapping[str, Any]) -> PendingCall | None:
         """:meth:`feed` for a dict event or a Record without its members split."""
@@ -429,6 +407,26 @@ class PendingCalls:
         step = _key(record.get("step"))
         in_step = [c for c in calls if _key(c.step) == step]
         return (in_step or calls)[-1]
+
+    # The same rules on a scanned record's members (``members``: name -> JSON text). A
+    # member is decoded only where its text does not decide: the turn a record names is
+    # compared as written with the latest turn text seen (one decoding per turn, not per
+    # record), a call id is decoded once, the requested calls' ids and names are decoded
+    # in one typed call that skips their arguments.
+
+    def _turn_text(self, raw: Any) -> Any:
+        """The turn a record's ``turn`` member (JSON text, or None when absent) names:
+        the latest turn open when it names none."""
+        if raw is not None:
+            if raw == self._last_turn_raw:
+                return self._last_turn
+            turn = _decode(raw)
+            if type(turn) is str:  # immutable: the same value serves every record of the turn
+                self._last_turn_raw = raw
+                self._last_turn = turn
+            if turn is not None:
+                return turn
+        return next(reversed(self._turns.values())) if self._turns else None
 
 
 def _scanned(type_: str, seq: int, members: dict[str, Any]) -> Record:
