@@ -112,6 +112,8 @@ def _kind(item: Any) -> str:
     if not _is_map(item):
         return "other"
     type_ = item.get("type")
+    if type_ is not None and not isinstance(type_, str):
+        return "other"  # (a list would not even be looked up in a set)
     if type_ in _OUTPUT_TYPES:
         return "output"
     if type_ in _MODEL_ITEM_TYPES:
@@ -151,7 +153,10 @@ def _call_id(item: Any) -> str | None:
 
 
 def _is_call(item: Any) -> bool:
-    return _is_map(item) and item.get("type") in _CALL_OUTPUT_TYPES and _call_id(item) is not None
+    if not _is_map(item):
+        return False
+    type_ = item.get("type")
+    return isinstance(type_, str) and type_ in _CALL_OUTPUT_TYPES and _call_id(item) is not None
 
 
 def _text(content: Any) -> str:
@@ -189,7 +194,7 @@ def _identity(item: Any) -> str:
     if _is_map(item):
         call_id = _call_id(item)
         type_ = item.get("type")
-        if call_id is not None and (type_ in _CALL_OUTPUT_TYPES or type_ in _OUTPUT_TYPES):
+        if call_id is not None and isinstance(type_, str) and (type_ in _CALL_OUTPUT_TYPES or type_ in _OUTPUT_TYPES):
             return f"{type_}:{call_id}"
         item_id = item.get("id")
         if isinstance(item_id, str):
@@ -407,6 +412,24 @@ class Conversation:
         """The records that add ``batch`` (already copied) to the conversation."""
         return _AddPlan(self, batch, hooks=hooks).events
 
+    def settle(self, plan: _AddPlan, last_seq: int) -> None:
+        """Account for the records of ``plan`` (made from this state, appended, the last
+        one at ``last_seq``): the state feeding them one by one gives, taken from the plan."""
+        if not plan.carry and self.provisional_from is not None:
+            del self.items[self.provisional_from:]  # the agents/items record replaces them
+        if plan.settles:
+            self.provisional_from = self.provisional_seq = None
+        self.items.extend(plan.batch)
+        self.last_seq = last_seq
+        self.turns, self.step_number = plan.turns, plan.step_number
+        if plan.copy is not None and self.latest_calls is plan.copied.calls:  # type: ignore[union-attr]
+            self.latest_calls = plan.copy.calls
+        if plan.latest is not None:
+            self.latest_calls = plan.latest
+        self.open_step = plan.step
+        self._anchored |= plan.users
+        self._answered |= plan.responses
+
     def plan_request(self, input_items: list[Any]) -> list[dict[str, Any]]:
         """Records for a model request about to be sent with ``input_items``: the outputs
         it carries that the transcript does not have yet (a locally produced error for an
@@ -601,18 +624,26 @@ def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any],
 
 class _AddPlan:
     """Turns one ``add_items`` batch (a detached copy: plain JSON values) into records (see
-    the module docstring). Runs once per call on the event loop's thread: the batch is
-    classified in one pass and each record is built once, as a dict display."""
+    the module docstring), and works out the state feeding those records to the
+    conversation gives (:meth:`Conversation.settle`), so the records are not fed again
+    after they are appended. Nothing in the conversation is changed here."""
 
-    __slots__ = ("hooks", "carry", "turns", "turn", "step_number", "step", "outputs", "events")
+    __slots__ = ("batch", "hooks", "carry", "turns", "turn", "step_number", "step", "outputs", "events",
+                 "length", "latest", "settles", "users", "responses", "names", "copied", "copy")
 
     def __init__(self, conv: Conversation, batch: list[Any], *, hooks: bool) -> None:
+        self.batch = batch
         self.hooks = hooks
         self.turns = conv.turns
         self.turn = conv.turn
         self.step_number = conv.step_number
-        self.step = conv.open_step.copy() if conv.open_step is not None else None
+        # The open step's calls change here (started, answered): on a copy, until settled.
+        self.copied = conv.open_step
+        self.step = self.copy = conv.open_step.copy() if conv.open_step is not None else None
         self.events: list[dict[str, Any]] = []
+        self.latest: dict[str, _Call] | None = None  # calls of the latest assistant message planned
+        self.users = self.responses = False  # a user message, an assistant message planned
+        self.names: dict[str, str] = {}  # the name records give a call of a step planned here
         # The batch settles what the hooks wrote when it holds any of it: one record with
         # the batch as the Runner gave it replaces the hooks' versions (atomic everywhere).
         pending = conv.items[conv.provisional_from:] if conv.provisional_from is not None else ()
@@ -621,8 +652,14 @@ class _AddPlan:
             self.carry = carry = not any(_identity(i) in ids for i in batch)
         else:
             self.carry = carry = True
-        if not carry:
+        # How many items the conversation holds once the records so far are fed.
+        if carry:
+            self.length = len(conv.items)
+            self.settles = False  # provisional items stay provisional (unless a step ends)
+        else:
             self.events.append({"type": AGENTS_ITEMS, "items": batch, "replaces_from": conv.provisional_seq})
+            self.length = (conv.provisional_from or 0) + len(batch)
+            self.settles = True
         kinds = list(map(_add_kind, batch))
         # Without hooks, the outputs in the batch say which calls ran (see flush).
         self.outputs = set() if hooks else {i["call_id"] for i, kind in zip(batch, kinds) if kind == "output"}
@@ -644,14 +681,17 @@ class _AddPlan:
                 self.turns += 1
                 self.turn = turn = f"t{self.turns}"
                 self.step_number = 0
+                self.users = True
                 event = {"type": "user/message", "turn": turn, "content": _text(item.get("content"))}
                 if carry:
                     event["item"] = item
+                    self.length += 1
                 append(event)
             elif kind == "output":
                 self.answer(item)
             elif carry:
                 append({"type": AGENTS_ITEM, "item": item})
+                self.length += 1
         if group:
             self.flush(group, calls)
         self.finish()
@@ -661,23 +701,41 @@ class _AddPlan:
         those that are calls)."""
         step = self.step
         events = self.events
+        carry = self.carry
         if step is not None and calls and all(c["call_id"] in step.calls for c in calls):
             # The hooks recorded this response already.
-            if self.carry:
+            if carry:
                 events.extend({"type": AGENTS_ITEM, "item": i} for i in group)
+                self.length += len(group)
             return
         self.close_step()
         self.step_number = n = self.step_number + 1
         turn = self.turn
         events.append({"type": "step/start", "turn": turn, "step": n})
-        events.append(_assistant_message(turn, n, group, calls, carry=self.carry))
+        events.append(_assistant_message(turn, n, group, calls, carry=carry))
+        self.responses = True
+        # The step as feeding its assistant message makes it: it starts where the
+        # message's items go; each call once (the first of an id), named as its
+        # tool_calls entry names it, answered by the output type the (last) item of its
+        # id asks for when the message carries the items.
+        step = _Step(turn, n, self.length)
+        if carry:
+            self.length += len(group)
+        self.latest = step.calls
         if not calls:
             events.append({"type": "step/end", "turn": turn, "step": n, "status": "completed"})
             self.step = None
+            self.settles = True
             return
-        self.step = step = _Step(turn, n, 0, {
-            c["call_id"]: _Call(c["call_id"], str(c.get("name") or ""), _CALL_OUTPUT_TYPES[c["type"]]) for c in calls
-        })
+        types = {c["call_id"]: _CALL_OUTPUT_TYPES[c["type"]] for c in calls} if carry else {}
+        for c in calls:
+            call_id = c["call_id"]
+            if call_id not in step.calls:
+                step.calls[call_id] = _Call(call_id, str(c.get("name") or c["type"]),
+                                            types.get(call_id, "function_call_output"))
+        # The records name a call of this step by its item's name (none: "").
+        self.names = {c["call_id"]: str(c.get("name") or "") for c in calls}
+        self.step = step
         if not self.hooks:
             # These calls ran before the Runner saved them: their intent goes first, so a
             # batch cut short never claims a call that ran did not start.
@@ -690,7 +748,7 @@ class _AddPlan:
         step = self.step
         assert step is not None
         self.events.append({"type": "tool/call", "turn": step.turn, "step": step.step,
-                            "call_id": call.call_id, "name": call.name})
+                            "call_id": call.call_id, "name": self.names.get(call.call_id, call.name)})
         call.started = True
 
     def answer(self, item: Any) -> None:
@@ -701,6 +759,7 @@ class _AddPlan:
             # An output the transcript has already (the hooks wrote it) or none asked for.
             if self.carry:
                 self.events.append({"type": AGENTS_ITEM, "item": item})
+                self.length += 1
             return
         assert step is not None
         if call.awaiting and not call.started and self.hooks:
@@ -709,10 +768,11 @@ class _AddPlan:
                                 "call_id": call_id, "state": "rejected"})
         if not call.started and not self.hooks:
             self.start(call)
-        event = {"type": "tool/result", "turn": step.turn, "step": step.step,
-                 "call_id": call_id, "name": call.name, "output": _output_text(item), "is_error": False}
+        event = {"type": "tool/result", "turn": step.turn, "step": step.step, "call_id": call_id,
+                 "name": self.names.get(call_id, call.name), "output": _output_text(item), "is_error": False}
         if self.carry:
             event["item"] = item
+            self.length += 1
         self.events.append(event)
         call.answered = True
         call.awaiting = False
@@ -722,6 +782,7 @@ class _AddPlan:
         if step is not None and step.all_answered():
             self.events.append({"type": "step/end", "turn": step.turn, "step": step.step, "status": "completed"})
             self.step = None
+            self.settles = True
 
     def finish(self) -> None:
         step = self.step
@@ -1105,8 +1166,13 @@ class SessionLogSession:
             self._conversation = self._replay(self._handle, enough)
 
     def _add(self, batch: list[Any]) -> None:
-        """``add_items`` of ``batch`` (a detached copy), with the session open."""
-        self._append(self._conversation.plan_add(batch, hooks=self._hooks))
+        """``add_items`` of ``batch`` (a detached copy), with the session open: one
+        durable batch, accounted for from its plan (not fed record by record)."""
+        assert self._handle is not None
+        conversation = self._conversation
+        plan = _AddPlan(conversation, batch, hooks=self._hooks)
+        if plan.events:
+            conversation.settle(plan, self._handle.append(plan.events))
 
     def _append(self, events: list[dict[str, Any]]) -> None:
         """Append ``events`` as one durable batch and account for them."""
