@@ -164,12 +164,14 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [
-            part.get("text") if isinstance(part.get("text"), str) else part.get("refusal")
-            for part in content
-            if _is_map(part)
-        ]
-        texts = [p for p in parts if isinstance(p, str)]
+        texts = []
+        for part in content:
+            if type(part) is dict or _is_map(part):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    text = part.get("refusal")
+                if isinstance(text, str):
+                    texts.append(text)
         if texts:
             return "".join(texts)
     return json.dumps(content, ensure_ascii=False)
@@ -604,7 +606,7 @@ def _output_text(item: Mapping[str, Any]) -> str:
 def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any], *,
                        carry: bool, provisional: bool = False) -> dict[str, Any]:
     texts = [_text(i.get("content")) for i in group
-             if _is_map(i) and i.get("role") == "assistant" and i.get("content") is not None]
+             if (type(i) is dict or _is_map(i)) and i.get("role") == "assistant" and i.get("content") is not None]
     event: dict[str, Any] = {
         "type": "assistant/message",
         "turn": turn,
