@@ -729,14 +729,17 @@ class _AddPlan:
             self.step = None
             self.settles = True
             return
-        types = {c["call_id"]: _CALL_OUTPUT_TYPES[c["type"]] for c in calls} if carry else {}
+        # The records name a call of this step by its (last) item's name (none: "").
+        self.names = names = {}
+        step_calls = step.calls
         for c in calls:
-            call_id = c["call_id"]
-            if call_id not in step.calls:
-                step.calls[call_id] = _Call(call_id, str(c.get("name") or c["type"]),
-                                            types.get(call_id, "function_call_output"))
-        # The records name a call of this step by its item's name (none: "").
-        self.names = {c["call_id"]: str(c.get("name") or "") for c in calls}
+            call_id, type_, name = c["call_id"], c["type"], c.get("name")
+            names[call_id] = str(name or "")
+            call = step_calls.get(call_id)
+            if call is None:
+                call = step_calls[call_id] = _Call(call_id, str(name or type_), "function_call_output")
+            if carry:
+                call.output_type = _CALL_OUTPUT_TYPES[type_]
         self.step = step
         if not self.hooks:
             # These calls ran before the Runner saved them: their intent goes first, so a
