@@ -292,6 +292,38 @@ def test_items_that_are_not_json_are_refused_before_anything_is_written() -> Non
     asyncio.run(scenario())
 
 
+def test_a_batch_the_store_refuses_changes_nothing(tmp_path: Path) -> None:
+    """An add_items the store refuses (a record over its limit) leaves the conversation
+    as it was: the items, and the turn and step the next batch is recorded under."""
+    from sessionlog.backends.jsonl import open_jsonl
+    from sessionlog.scan import Limits
+
+    def turn(text: str) -> list[Any]:
+        return [{"role": "user", "content": "go"},
+                {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "deploy", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": text}]
+
+    async def scenario(store: Any) -> list[Any]:
+        session = SessionLogSession("s", store=store)
+        await session.add_items([{"role": "user", "content": "hi"}])
+        with pytest.raises(sessionlog.InvalidEvent):
+            await session.add_items(turn("x" * 5000))
+        assert await session.get_items() == [{"role": "user", "content": "hi"}]
+        await session.add_items(turn("ok"))
+        items = await session.get_items()
+        session.close()
+        return items
+
+    with open_jsonl(str(tmp_path / "small"), limits=Limits(record_limit=4096)) as store:
+        items = asyncio.run(scenario(store))
+        assert items == [{"role": "user", "content": "hi"}, *turn("ok")]
+        recs = records(store, "s")
+        assert [(r["type"], r.get("turn"), r.get("step")) for r in recs[2:]] == [
+            ("user/message", "t2", None), ("step/start", "t2", 1), ("assistant/message", "t2", 1),
+            ("tool/call", "t2", 1), ("tool/result", "t2", 1), ("step/end", "t2", 1)]
+        assert store.scan("s").status == sessionlog.Status.CLEAN
+
+
 # --- the Runner ---------------------------------------------------------------------------
 
 
