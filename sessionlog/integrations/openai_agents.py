@@ -113,7 +113,7 @@ def _kind(item: Any) -> str:
         return "other"
     type_ = item.get("type")
     if type_ is not None and not isinstance(type_, str):
-        return "other"  # (a list would not even be looked up in a set)
+        return "other"  # no type we know (and a list cannot be looked up in a set)
     if type_ in _OUTPUT_TYPES:
         return "output"
     if type_ in _MODEL_ITEM_TYPES:
@@ -274,7 +274,7 @@ class Conversation:
         self.last_seq = seq
         if type_ == "user/message":
             label = record.get("turn")
-            number = label[1:] if type(label) is str and label.startswith("t") else ""
+            number = label[1:] if isinstance(label, str) and label.startswith("t") else ""
             if number.isdigit():
                 self.turns = int(number)
                 self._anchored = True
