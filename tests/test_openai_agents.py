@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 agents = pytest.importorskip("agents")
 
@@ -288,6 +290,38 @@ def test_items_that_are_not_json_are_refused_before_anything_is_written() -> Non
         session.close()
 
     asyncio.run(scenario())
+
+
+def test_a_batch_the_store_refuses_changes_nothing(tmp_path: Path) -> None:
+    """An add_items the store refuses (a record over its limit) leaves the conversation
+    as it was: the items, and the turn and step the next batch is recorded under."""
+    from sessionlog.backends.jsonl import open_jsonl
+    from sessionlog.scan import Limits
+
+    def turn(text: str) -> list[Any]:
+        return [{"role": "user", "content": "go"},
+                {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "deploy", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": text}]
+
+    async def scenario(store: Any) -> list[Any]:
+        session = SessionLogSession("s", store=store)
+        await session.add_items([{"role": "user", "content": "hi"}])
+        with pytest.raises(sessionlog.InvalidEvent):
+            await session.add_items(turn("x" * 5000))
+        assert await session.get_items() == [{"role": "user", "content": "hi"}]
+        await session.add_items(turn("ok"))
+        items = await session.get_items()
+        session.close()
+        return items
+
+    with open_jsonl(str(tmp_path / "small"), limits=Limits(record_limit=4096)) as store:
+        items = asyncio.run(scenario(store))
+        assert items == [{"role": "user", "content": "hi"}, *turn("ok")]
+        recs = records(store, "s")
+        assert [(r["type"], r.get("turn"), r.get("step")) for r in recs[2:]] == [
+            ("user/message", "t2", None), ("step/start", "t2", 1), ("assistant/message", "t2", 1),
+            ("tool/call", "t2", 1), ("tool/result", "t2", 1), ("step/end", "t2", 1)]
+        assert store.scan("s").status == sessionlog.Status.CLEAN
 
 
 # --- the Runner ---------------------------------------------------------------------------
@@ -736,6 +770,74 @@ def test_a_replay_of_the_latest_records_agrees_with_a_whole_replay(tmp_path: Pat
                 assert (part.open_step is None) == (whole.open_step is None)
                 assert part.latest_calls.keys() == whole.latest_calls.keys()
         assert accepted > 5
+
+
+def _state(conv: Any) -> Any:
+    """Everything a Conversation's next plans and ``get_items`` read."""
+    def calls(c: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v.call_id, v.name, v.output_type, v.started, v.answered, v.awaiting) for k, v in c.items()}
+
+    step = conv.open_step
+    return (conv.items, conv.turns, conv.step_number, conv.last_seq, conv.request,
+            None if step is None else (step.turn, step.step, step.first_index, calls(step.calls)),
+            conv.provisional_from, conv.provisional_seq, calls(conv.latest_calls),
+            step is not None and conv.latest_calls is step.calls, conv.sufficient)
+
+
+_CALL_IDS = st.sampled_from(["c1", "c2", "c3"])
+_ITEMS = st.one_of(
+    st.just({"role": "user", "content": "hi"}),
+    st.just({"type": "message", "role": "system", "content": "be brief"}),
+    st.just({"type": "reasoning", "id": "rs", "summary": []}),
+    st.sampled_from(["m1", "m2"]).map(lambda i: {"type": "message", "id": i, "role": "assistant",
+                                                "content": [{"type": "output_text", "text": "ok"}]}),
+    st.tuples(_CALL_IDS, st.sampled_from(["deploy", ""])).map(
+        lambda a: {"type": "function_call", "id": "fc" + a[0], "call_id": a[0], "name": a[1], "arguments": "{}"}),
+    _CALL_IDS.map(lambda c: {"type": "computer_call", "call_id": c, "action": {}}),
+    _CALL_IDS.map(lambda c: {"type": "function_call_output", "call_id": c, "output": "done"}),
+    _CALL_IDS.map(lambda c: {"type": "computer_call_output", "call_id": c, "output": {"type": "input_image"}}),
+    st.just({"type": "web_search_call", "id": "ws", "status": "completed"}),
+    st.just({"type": ["not", "a", "string"]}),
+    st.just("not a dict"),
+)
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(_ITEMS, max_size=8), st.booleans()),
+    st.tuples(st.just("response"), st.lists(_ITEMS, max_size=4), st.none()),
+    st.tuples(st.sampled_from(["tool_start", "tool_end"]), _CALL_IDS, st.none()),
+    st.tuples(st.just("request"), st.lists(_ITEMS, max_size=4), st.none()),
+), max_size=12)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=_OPS, partial=st.booleans())
+def test_an_add_leaves_the_state_a_replay_of_its_records_gives(ops: list[Any], partial: bool) -> None:
+    """add_items works out the conversation's next state from its plan instead of feeding
+    the records it appended: that state equals the one feeding the records gives, after
+    any mix of adds (with and without hooks) and of what the run hooks record."""
+    from sessionlog.integrations.openai_agents import Conversation, _AddPlan, _copy_items
+
+    live, replayed = Conversation(partial=partial), Conversation(partial=partial)
+    for op, arg, hooks in ops:
+        if op == "add":
+            plan = _AddPlan(live, _copy_items(arg), hooks=hooks)
+            events = plan.events
+            if events:
+                live.settle(plan, live.last_seq + len(events))
+        else:
+            if op == "response":
+                events = live.plan_response(_copy_items(arg), "resp_1")
+            elif op == "tool_start":
+                events = live.plan_tool_start(arg, "deploy", None)
+            elif op == "tool_end":
+                events = live.plan_tool_end(arg, "deploy", {"type": "function_call_output", "call_id": arg,
+                                                            "output": "deployed"})
+            else:
+                events = live.plan_request(_copy_items(arg))
+            for event in events:
+                live.feed(event, live.last_seq + 1)
+        for event in events:
+            replayed.feed(json.loads(json.dumps(event)), replayed.last_seq + 1)
+        assert _state(live) == _state(replayed)
 
 
 @pytest.mark.parametrize("url_kind, offload, inline", [

@@ -94,7 +94,7 @@ _decode = msgspec.json.decode
 def _copy_items(items: Sequence[Any]) -> list[Any]:
     """A detached JSON copy of ``items`` (what a record will hold), or InvalidEvent."""
     try:
-        return _decode(_encode(list(items)))
+        return _decode(_encode(items if type(items) is list else list(items)))
     except (msgspec.EncodeError, TypeError, ValueError) as exc:
         raise sessionlog.InvalidEvent(f"session items are not JSON: {exc}") from exc
 
@@ -112,6 +112,8 @@ def _kind(item: Any) -> str:
     if not _is_map(item):
         return "other"
     type_ = item.get("type")
+    if type_ is not None and not isinstance(type_, str):
+        return "other"  # no type we know (and a list cannot be looked up in a set)
     if type_ in _OUTPUT_TYPES:
         return "output"
     if type_ in _MODEL_ITEM_TYPES:
@@ -125,6 +127,24 @@ def _kind(item: Any) -> str:
     return "other"
 
 
+def _add_kind(item: Any) -> str:
+    """:func:`_kind` of an item of a copied batch (plain JSON values), telling a model
+    item that is a call (``call``: its call id a string) from the rest of a response."""
+    if type(item) is not dict:
+        return "other"
+    type_ = item.get("type")
+    if type_ is None or type_ == "message":
+        role = item.get("role")
+        return "model" if role == "assistant" else "user" if role == "user" else "other"
+    if type(type_) is not str:
+        return "other"
+    if type_ in _OUTPUT_TYPES:
+        return "output"
+    if type_ in _CALL_OUTPUT_TYPES:
+        return "call" if type(item.get("call_id")) is str else "model"
+    return "model" if type_ == "reasoning" else "other"
+
+
 def _call_id(item: Any) -> str | None:
     if not _is_map(item):
         return None
@@ -133,7 +153,10 @@ def _call_id(item: Any) -> str | None:
 
 
 def _is_call(item: Any) -> bool:
-    return _is_map(item) and item.get("type") in _CALL_OUTPUT_TYPES and _call_id(item) is not None
+    if not _is_map(item):
+        return False
+    type_ = item.get("type")
+    return isinstance(type_, str) and type_ in _CALL_OUTPUT_TYPES and _call_id(item) is not None
 
 
 def _text(content: Any) -> str:
@@ -141,12 +164,14 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [
-            part.get("text") if isinstance(part.get("text"), str) else part.get("refusal")
-            for part in content
-            if _is_map(part)
-        ]
-        texts = [p for p in parts if isinstance(p, str)]
+        texts = []
+        for part in content:
+            if type(part) is dict or _is_map(part):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    text = part.get("refusal")
+                if isinstance(text, str):
+                    texts.append(text)
         if texts:
             return "".join(texts)
     return json.dumps(content, ensure_ascii=False)
@@ -171,7 +196,7 @@ def _identity(item: Any) -> str:
     if _is_map(item):
         call_id = _call_id(item)
         type_ = item.get("type")
-        if call_id is not None and (type_ in _CALL_OUTPUT_TYPES or type_ in _OUTPUT_TYPES):
+        if call_id is not None and isinstance(type_, str) and (type_ in _CALL_OUTPUT_TYPES or type_ in _OUTPUT_TYPES):
             return f"{type_}:{call_id}"
         item_id = item.get("id")
         if isinstance(item_id, str):
@@ -201,6 +226,9 @@ class _Step:
 
     def unanswered(self) -> list[_Call]:
         return [c for c in self.calls.values() if not c.answered]
+
+    def all_answered(self) -> bool:
+        return all(c.answered for c in self.calls.values())
 
     def copy(self) -> _Step:
         return _Step(self.turn, self.step, self.first_index,
@@ -254,7 +282,8 @@ class Conversation:
                 self.turns += 1
                 self._dangling |= self.partial
             self.step_number = 0
-            self._add(record)
+            if "item" in record:
+                self._add(record)
         elif type_ == "step/start":
             step = record.get("step")
             self.step_number = step if isinstance(step, int) else self.step_number + 1
@@ -262,21 +291,25 @@ class Conversation:
         elif type_ == "assistant/message":
             self._answered = True
             items = record.get("items")
+            tool_calls = record.get("tool_calls")
             step = self.open_step
             if step is None or step.calls:
                 step = self.open_step = _Step(self.turn, self.step_number, len(self.items))
             if isinstance(items, list):
-                types = {_call_id(i): _CALL_OUTPUT_TYPES[i["type"]] for i in items if _is_call(i)}
-                self._note_provisional(record, seq)
+                types = {_call_id(i): _CALL_OUTPUT_TYPES[i["type"]] for i in items if _is_call(i)} if tool_calls else {}
+                if record.get("provisional"):
+                    self._note_provisional(seq)
                 self.items.extend(items)
             else:
                 types = {}
-            for req in record.get("tool_calls") or ():
-                if _is_map(req) and isinstance(req.get("id"), str) and req["id"] not in step.calls:
-                    step.calls[req["id"]] = _Call(
-                        req["id"], str(req.get("name") or ""), types.get(req["id"], "function_call_output")
-                    )
-            self.latest_calls = step.calls
+            calls = step.calls
+            for req in tool_calls or ():
+                if _is_map(req):
+                    call_id = req.get("id")
+                    if isinstance(call_id, str) and call_id not in calls:
+                        calls[call_id] = _Call(call_id, str(req.get("name") or ""),
+                                               types.get(call_id, "function_call_output"))
+            self.latest_calls = calls
         elif type_ == "tool/call":
             call = self._call(record)
             if call is not None:
@@ -304,7 +337,8 @@ class Conversation:
             self.open_step = None
             self.provisional_from = self.provisional_seq = None
         elif type_ == AGENTS_ITEM:
-            self._add(record)
+            if "item" in record:
+                self._add(record)
         elif type_ == AGENTS_ITEMS:
             replaces = record.get("replaces_from")
             if replaces is not None and self.provisional_from is not None:
@@ -331,12 +365,14 @@ class Conversation:
             self.provisional_from = self.provisional_seq = None
 
     def _add(self, record: Mapping[str, Any]) -> None:
-        if "item" in record:
-            self._note_provisional(record, self.last_seq)
-            self.items.append(record["item"])
+        """Add the ``item`` of ``record`` (which has one)."""
+        if record.get("provisional"):
+            self._note_provisional(self.last_seq)
+        self.items.append(record["item"])
 
-    def _note_provisional(self, record: Mapping[str, Any], seq: int) -> None:
-        if record.get("provisional") and self.provisional_from is None:
+    def _note_provisional(self, seq: int) -> None:
+        """A provisional record (``seq``) adds items from here on."""
+        if self.provisional_from is None:
             self.provisional_from = len(self.items)
             self.provisional_seq = seq
 
@@ -377,6 +413,24 @@ class Conversation:
     def plan_add(self, batch: list[Any], *, hooks: bool) -> list[dict[str, Any]]:
         """The records that add ``batch`` (already copied) to the conversation."""
         return _AddPlan(self, batch, hooks=hooks).events
+
+    def settle(self, plan: _AddPlan, last_seq: int) -> None:
+        """Account for the records of ``plan`` (made from this state, appended, the last
+        one at ``last_seq``): the state feeding them one by one gives, taken from the plan."""
+        if not plan.carry and self.provisional_from is not None:
+            del self.items[self.provisional_from:]  # the agents/items record replaces them
+        if plan.settles:
+            self.provisional_from = self.provisional_seq = None
+        self.items.extend(plan.batch)
+        self.last_seq = last_seq
+        self.turns, self.step_number = plan.turns, plan.step_number
+        if plan.copy is not None and self.latest_calls is plan.copied.calls:  # type: ignore[union-attr]
+            self.latest_calls = plan.copy.calls
+        if plan.latest is not None:
+            self.latest_calls = plan.latest
+        self.open_step = plan.step
+        self._anchored |= plan.users
+        self._answered |= plan.responses
 
     def plan_request(self, input_items: list[Any]) -> list[dict[str, Any]]:
         """Records for a model request about to be sent with ``input_items``: the outputs
@@ -552,7 +606,7 @@ def _output_text(item: Mapping[str, Any]) -> str:
 def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any], *,
                        carry: bool, provisional: bool = False) -> dict[str, Any]:
     texts = [_text(i.get("content")) for i in group
-             if _is_map(i) and i.get("role") == "assistant" and i.get("content") is not None]
+             if (type(i) is dict or _is_map(i)) and i.get("role") == "assistant" and i.get("content") is not None]
     event: dict[str, Any] = {
         "type": "assistant/message",
         "turn": turn,
@@ -571,122 +625,175 @@ def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any],
 
 
 class _AddPlan:
-    """Turns one ``add_items`` batch into records (see the module docstring)."""
+    """Turns one ``add_items`` batch (a detached copy: plain JSON values) into records (see
+    the module docstring), and works out the state feeding those records to the
+    conversation gives (:meth:`Conversation.settle`), so the records are not fed again
+    after they are appended. Nothing in the conversation is changed here."""
+
+    __slots__ = ("batch", "hooks", "carry", "turns", "turn", "step_number", "step", "outputs", "events",
+                 "length", "latest", "settles", "users", "responses", "names", "copied", "copy")
 
     def __init__(self, conv: Conversation, batch: list[Any], *, hooks: bool) -> None:
+        self.batch = batch
         self.hooks = hooks
         self.turns = conv.turns
+        self.turn = conv.turn
         self.step_number = conv.step_number
-        self.step = conv.open_step.copy() if conv.open_step is not None else None
+        # The open step's calls change here (started, answered): on a copy, until settled.
+        self.copied = conv.open_step
+        self.step = self.copy = conv.open_step.copy() if conv.open_step is not None else None
         self.events: list[dict[str, Any]] = []
-        pending = conv.items[conv.provisional_from:] if conv.provisional_from is not None else []
+        self.latest: dict[str, _Call] | None = None  # calls of the latest assistant message planned
+        self.users = self.responses = False  # a user message, an assistant message planned
+        self.names: dict[str, str] = {}  # the name records give a call of a step planned here
         # The batch settles what the hooks wrote when it holds any of it: one record with
         # the batch as the Runner gave it replaces the hooks' versions (atomic everywhere).
+        pending = conv.items[conv.provisional_from:] if conv.provisional_from is not None else ()
         if pending:
-            ids = {_identity(i) for i in pending}
-            self.carry = not any(_identity(i) in ids for i in batch)
+            ids = set(map(_identity, pending))
+            self.carry = carry = not any(_identity(i) in ids for i in batch)
         else:
-            self.carry = True
-        if not self.carry:
+            self.carry = carry = True
+        # How many items the conversation holds once the records so far are fed.
+        if carry:
+            self.length = len(conv.items)
+            self.settles = False  # provisional items stay provisional (unless a step ends)
+        else:
             self.events.append({"type": AGENTS_ITEMS, "items": batch, "replaces_from": conv.provisional_seq})
-        kinds = [_kind(i) for i in batch]
-        self.outputs = {_call_id(i) for i, kind in zip(batch, kinds) if kind == "output"}
+            self.length = (conv.provisional_from or 0) + len(batch)
+            self.settles = True
+        kinds = list(map(_add_kind, batch))
+        # Without hooks, the outputs in the batch say which calls ran (see flush).
+        self.outputs = set() if hooks else {i["call_id"] for i, kind in zip(batch, kinds) if kind == "output"}
+        append = self.events.append
         group: list[Any] = []
+        calls: list[Any] = []
         for item, kind in zip(batch, kinds):
             if kind == "model":
                 group.append(item)
                 continue
-            self.flush(group)
-            group = []
+            if kind == "call":
+                group.append(item)
+                calls.append(item)
+                continue
+            if group:
+                self.flush(group, calls)
+                group, calls = [], []
             if kind == "user":
                 self.turns += 1
+                self.turn = turn = f"t{self.turns}"
                 self.step_number = 0
-                event = {"type": "user/message", "turn": self.turn, "content": _text(item.get("content"))}
-                self.emit(event, item)
+                self.users = True
+                event = {"type": "user/message", "turn": turn, "content": _text(item.get("content"))}
+                if carry:
+                    event["item"] = item
+                    self.length += 1
+                append(event)
             elif kind == "output":
                 self.answer(item)
-            elif self.carry:
-                self.events.append({"type": AGENTS_ITEM, "item": item})
-        self.flush(group)
+            elif carry:
+                append({"type": AGENTS_ITEM, "item": item})
+                self.length += 1
+        if group:
+            self.flush(group, calls)
         self.finish()
 
-    @property
-    def turn(self) -> str:
-        return f"t{self.turns}"
-
-    def emit(self, event: dict[str, Any], item: Any) -> None:
-        if self.carry:
-            event["item"] = item
-        self.events.append(event)
-
-    def flush(self, group: list[Any]) -> None:
-        if not group:
-            return
-        calls = [i for i in group if _is_call(i)]
+    def flush(self, group: list[Any], calls: list[Any]) -> None:
+        """The records of one model response (``group``: its items in order; ``calls``:
+        those that are calls)."""
         step = self.step
-        if step is not None and calls and all(_call_id(c) in step.calls for c in calls):
+        events = self.events
+        carry = self.carry
+        if step is not None and calls and all(c["call_id"] in step.calls for c in calls):
             # The hooks recorded this response already.
-            if self.carry:
-                self.events.extend({"type": AGENTS_ITEM, "item": i} for i in group)
+            if carry:
+                events.extend({"type": AGENTS_ITEM, "item": i} for i in group)
+                self.length += len(group)
             return
         self.close_step()
-        self.step_number += 1
-        n = self.step_number
-        self.events.append({"type": "step/start", "turn": self.turn, "step": n})
-        self.events.append(_assistant_message(self.turn, n, group, calls, carry=self.carry))
+        self.step_number = n = self.step_number + 1
+        turn = self.turn
+        events.append({"type": "step/start", "turn": turn, "step": n})
+        events.append(_assistant_message(turn, n, group, calls, carry=carry))
+        self.responses = True
+        # The step as feeding its assistant message makes it: it starts where the
+        # message's items go; each call once (the first of an id), named as its
+        # tool_calls entry names it, answered by the output type the (last) item of its
+        # id asks for when the message carries the items.
+        step = _Step(turn, n, self.length)
+        if carry:
+            self.length += len(group)
+        self.latest = step.calls
         if not calls:
-            self.events.append({"type": "step/end", "turn": self.turn, "step": n, "status": "completed"})
+            events.append({"type": "step/end", "turn": turn, "step": n, "status": "completed"})
             self.step = None
+            self.settles = True
             return
-        self.step = _Step(self.turn, n, 0, {
-            _call_id(c): _Call(_call_id(c), str(c.get("name") or ""), _CALL_OUTPUT_TYPES[c["type"]])  # type: ignore[misc]
-            for c in calls
-        })
+        # The records name a call of this step by its (last) item's name (none: "").
+        self.names = names = {}
+        step_calls = step.calls
+        for c in calls:
+            call_id, type_, name = c["call_id"], c["type"], c.get("name")
+            names[call_id] = str(name or "")
+            call = step_calls.get(call_id)
+            if call is None:
+                call = step_calls[call_id] = _Call(call_id, str(name or type_), "function_call_output")
+            if carry:
+                call.output_type = _CALL_OUTPUT_TYPES[type_]
+        self.step = step
         if not self.hooks:
             # These calls ran before the Runner saved them: their intent goes first, so a
             # batch cut short never claims a call that ran did not start.
-            for call in self.step.calls.values():
-                if call.call_id in self.outputs:
+            outputs = self.outputs
+            for call in step.calls.values():
+                if call.call_id in outputs:
                     self.start(call)
 
     def start(self, call: _Call) -> None:
-        assert self.step is not None
-        self.events.append({"type": "tool/call", "turn": self.step.turn, "step": self.step.step,
-                            "call_id": call.call_id, "name": call.name})
+        step = self.step
+        assert step is not None
+        self.events.append({"type": "tool/call", "turn": step.turn, "step": step.step,
+                            "call_id": call.call_id, "name": self.names.get(call.call_id, call.name)})
         call.started = True
 
     def answer(self, item: Any) -> None:
-        call_id = _call_id(item)
-        call = self.step.calls.get(call_id) if self.step is not None and call_id is not None else None
+        call_id = item.get("call_id")  # an output item (see _kind): a dict
+        step = self.step
+        call = step.calls.get(call_id) if step is not None and type(call_id) is str else None
         if call is None or call.answered:
             # An output the transcript has already (the hooks wrote it) or none asked for.
             if self.carry:
                 self.events.append({"type": AGENTS_ITEM, "item": item})
+                self.length += 1
             return
-        assert self.step is not None
+        assert step is not None
         if call.awaiting and not call.started and self.hooks:
             # It was waiting for a human and no tool ran: the Runner saved the rejection.
-            self.events.append({"type": "tool/approval", "turn": self.step.turn, "step": self.step.step,
-                                "call_id": call.call_id, "state": "rejected"})
+            self.events.append({"type": "tool/approval", "turn": step.turn, "step": step.step,
+                                "call_id": call_id, "state": "rejected"})
         if not call.started and not self.hooks:
             self.start(call)
-        event = {"type": "tool/result", "turn": self.step.turn, "step": self.step.step,
-                 "call_id": call.call_id, "name": call.name, "output": _output_text(item), "is_error": False}
-        self.emit(event, item)
+        event = {"type": "tool/result", "turn": step.turn, "step": step.step, "call_id": call_id,
+                 "name": self.names.get(call_id, call.name), "output": _output_text(item), "is_error": False}
+        if self.carry:
+            event["item"] = item
+            self.length += 1
+        self.events.append(event)
         call.answered = True
         call.awaiting = False
 
     def close_step(self) -> None:
         step = self.step
-        if step is not None and not step.unanswered():
+        if step is not None and step.all_answered():
             self.events.append({"type": "step/end", "turn": step.turn, "step": step.step, "status": "completed"})
             self.step = None
+            self.settles = True
 
     def finish(self) -> None:
         step = self.step
         if step is None:
             return
-        if not step.unanswered():
+        if step.all_answered():
             self.close_step()
             return
         for call in step.unanswered():
@@ -872,7 +979,7 @@ class SessionLogSession:
         if not batch:
             self._check_open()
             return
-        await self._run(lambda: self._append(self._conversation.plan_add(batch, hooks=self._hooks)))
+        await self._run(self._add, batch)
 
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the latest item from the conversation and return it (None when empty).
@@ -979,20 +1086,20 @@ class SessionLogSession:
         if self._closed:
             raise sessionlog.StoreClosed(f"session {self.session_id!r} is closed")
 
-    async def _run(self, operation: Callable[[], _T]) -> _T:
-        """Run ``operation`` alone, with the session open (see the class docstring for
-        the thread it runs on). Once started it completes even if the caller is cancelled."""
-
-        def locked() -> _T:
-            with self._lock:
-                self._check_open()
-                if self._handle is None:
-                    self._open()
-                return operation()
-
+    async def _run(self, operation: Callable[..., _T], *args: Any) -> _T:
+        """Run ``operation(*args)`` alone, with the session open (see the class docstring
+        for the thread it runs on). Once started it completes even if the caller is
+        cancelled."""
         if self._offload or self._handle is None:
-            return await asyncio.to_thread(locked)
-        return locked()
+            return await asyncio.to_thread(self._locked, operation, *args)
+        return self._locked(operation, *args)
+
+    def _locked(self, operation: Callable[..., _T], *args: Any) -> _T:
+        with self._lock:
+            self._check_open()
+            if self._handle is None:
+                self._open()
+            return operation(*args)
 
     def _open(self) -> None:
         store, sid = self._store, self.session_id
@@ -1063,14 +1170,24 @@ class SessionLogSession:
             assert self._handle is not None
             self._conversation = self._replay(self._handle, enough)
 
+    def _add(self, batch: list[Any]) -> None:
+        """``add_items`` of ``batch`` (a detached copy), with the session open: one
+        durable batch, accounted for from its plan (not fed record by record)."""
+        assert self._handle is not None
+        conversation = self._conversation
+        plan = _AddPlan(conversation, batch, hooks=self._hooks)
+        if plan.events:
+            conversation.settle(plan, self._handle.append(plan.events))
+
     def _append(self, events: list[dict[str, Any]]) -> None:
         """Append ``events`` as one durable batch and account for them."""
         if not events:
             return
         assert self._handle is not None
-        last = self._handle.append(events)
+        seq = self._handle.append(events) - len(events)
         feed = self._conversation.feed
-        for seq, event in enumerate(events, last - len(events) + 1):
+        for event in events:
+            seq += 1
             feed(event, seq)
 
 
