@@ -37,7 +37,7 @@ from .exits import worst
 from .targets import StoreTarget, destination, local_path, resolve, resolve_target
 
 __all__ = ["ConvertResult", "Destination", "NothingToCompact", "SkippableFramesDropped", "compact", "compact_row",
-           "convert", "digest", "exit_code", "resolve_target"]
+           "convert", "digest", "exit_code", "publish", "resolve_target"]
 
 
 class SkippableFramesDropped(UserWarning):
@@ -264,11 +264,23 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
         note = f"{sid}: {skipped} skippable zstd frame(s) in SRC are not carried over"
         warnings.warn(note, SkippableFramesDropped, stacklevel=3)
         notes.append(note)
-    expected = scan.last_seq + len(appended)
+    return publish(dst_, sid, lambda: _stream(src, sid, scan, appended), scan.last_seq + len(appended),
+                   scan=scan, notes=tuple(notes), progress=progress, invalid="SRC changed while converting")
+
+
+def publish(dst_: Destination, sid: str, records: Callable[[], Iterable[Record]], expected: int, *,
+            scan: ScanResult | None = None, notes: tuple[str, ...] = (),
+            progress: Callable[[int], None] | None = None, invalid: str | None = None) -> ConvertResult:
+    """Write ``records()`` (``expected`` of them, a new session's from its header) as the
+    new session ``sid`` of DST, published atomically and read back byte for byte: the
+    step every convert ends with. A session DST already held with exactly these records is
+    "skipped", a different one is left as it is ("exists"). ``invalid``: the reason an
+    ``InvalidEvent`` from the store is reported under (SRC changed since its scan), else
+    it is an error like any other. ``progress`` is called with the records just written."""
     dst = dst_.open()  # a new DST is created here, for the first session to be written
     if dst_.holds(sid):
-        if digest(_stream(src, sid, scan, appended)) == digest(dst.read(sid)):
-            return ConvertResult(sid, "skipped", records=expected, scan=scan, warnings=tuple(notes),
+        if digest(records()) == digest(dst.read(sid)):
+            return ConvertResult(sid, "skipped", records=expected, scan=scan, warnings=notes,
                                  reason="DST already holds these records")
         return ConvertResult(sid, "exists", reason=f"{dst.url}: a different session {sid!r} already exists; "
                              "not overwritten", scan=scan)
@@ -277,7 +289,7 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
 
     def counted() -> Iterator[Record]:
         nonlocal count
-        for record in _stream(src, sid, scan, appended):
+        for record in records():
             written.update(record.raw)
             written.update(b"\n")
             count += 1
@@ -289,8 +301,9 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
         last = dst.import_session(sid, counted())
     except SessionExists as exc:
         return ConvertResult(sid, "exists", reason=str(exc))
-    except InvalidEvent as exc:  # SRC changed between its scan and its read
-        return ConvertResult(sid, "error", reason=f"SRC changed while converting: {exc}", scan=scan)
+    except InvalidEvent as exc:
+        reason = str(exc) if invalid is None else f"{invalid}: {exc}"
+        return ConvertResult(sid, "error", reason=reason, scan=scan)
     except SessionLogError as exc:
         return ConvertResult(sid, "error", reason=str(exc), scan=scan)
     dst_.published = True
@@ -298,7 +311,7 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
         progress(count % 256)
     if last != expected or count != expected or digest(dst.read(sid)) != written.digest():
         raise SessionLogError(f"{dst.url}: session {sid!r} does not read back byte-identical after convert")
-    return ConvertResult(sid, "converted", records=count, scan=scan, warnings=tuple(notes))
+    return ConvertResult(sid, "converted", records=count, scan=scan, warnings=notes)
 
 
 def _stream(src: EventStore, sid: str, scan: ScanResult, appended: list[Record]) -> Iterator[Record]:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .. import exits
-from ..contract import SessionExists, SessionLogError, Status
-from ..convert import ConvertResult, Destination, digest
+from ..contract import SessionLogError, Status
+from ..convert import ConvertResult, Destination, publish
 from ..durable import read_head
 from ..events import Record, RecordError, encode_record, header_event, valid_session_id
 from ..targets import destination
@@ -434,22 +434,7 @@ def convert_file(path: str, fmt: ForeignFormat, dst: Destination, *, repaired: b
         records = import_records(sid, fmt, path, fmt.events(exam.repaired_lines() if repaired else exam.lines))
     except RecordError as exc:
         return ConvertResult(sid, "error", reason=f"{path}: an entry cannot be a sessionlog record: {exc.reason}")
-    store = dst.open()
-    if dst.holds(sid):
-        if digest(records) == digest(store.read(sid)):
-            return ConvertResult(sid, "skipped", records=len(records), reason="DST already holds these records")
-        return ConvertResult(sid, "exists", reason=f"{store.url}: a different session {sid!r} already exists; "
-                             "not overwritten")
-    try:
-        store.import_session(sid, iter(records))
-    except SessionExists as exc:
-        return ConvertResult(sid, "exists", reason=str(exc))
-    except SessionLogError as exc:
-        return ConvertResult(sid, "error", reason=str(exc))
-    dst.published = True
-    if digest(store.read(sid)) != digest(records):
-        raise SessionLogError(f"{store.url}: session {sid!r} does not read back byte-identical after convert")
-    return ConvertResult(sid, "converted", records=len(records))
+    return publish(dst, sid, lambda: records, len(records))
 
 
 def convert_target(target: ForeignTarget, dst_text: str, *, repaired: bool, force: bool) -> list[ConvertResult]:
