@@ -72,8 +72,12 @@ def build_schema(namespace: str | None = None) -> Schema:
         sa.Column("session_id", sa.String(SESSION_ID_LENGTH), primary_key=True),
         sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("record", sa.LargeBinary, nullable=False),
-        # Rows of one session are stored together, in seq order (clustered on SQLite).
-        sqlite_with_rowid=False,
+        # SQLite: a rowid table (as PostgreSQL's heap), so new rows go where the last
+        # ones went and the primary key is an index of short entries. Clustered on the key
+        # (WITHOUT ROWID, which databases made by earlier versions have; they still read
+        # and write), a commit of 100 sessions' events dirtied a page per session: group
+        # commit gained half as much. Reading one session among interleaved ones costs
+        # about 8% more this way.
     )
     quarantine = sa.Table(
         PREFIX + "quarantine",

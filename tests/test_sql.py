@@ -170,6 +170,55 @@ def test_sqlite_connections_are_wal_full_and_private(tmp_path: Path) -> None:
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
 
 
+def test_sqlite_records_table_is_a_rowid_table_keyed_on_session_and_seq(tmp_path: Path) -> None:
+    # Rows go where the last ones went (a group commit of many sessions dirties a few
+    # pages, not one per session); the pinned key is a unique index beside them.
+    path = tmp_path / "store.db"
+    with sessionlog.open_store(f"sqlite:///{path}") as store:
+        store.create("s1")
+    conn = sqlite3.connect(path)
+    try:
+        (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'sessionlog_records'").fetchone()
+        assert "WITHOUT ROWID" not in ddl.upper()
+        pk = [name for _, name, unique, origin, _ in conn.execute("PRAGMA index_list(sessionlog_records)")
+              if unique and origin == "pk"]
+        assert len(pk) == 1
+        assert [row[2] for row in conn.execute(f"PRAGMA index_info({pk[0]})")] == ["session_id", "seq"]
+    finally:
+        conn.close()
+
+
+def test_sqlite_database_with_the_clustered_records_table_still_works(tmp_path: Path) -> None:
+    # Databases made by earlier versions cluster records on (session_id, seq) (WITHOUT
+    # ROWID): the same columns and key, read and appended to as before.
+    path = tmp_path / "store.db"
+    with sessionlog.open_store(f"sqlite:///{path}") as store:
+        store.create("s1", [{"type": "user/message", "content": "before"}])
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(
+        "BEGIN;"
+        "CREATE TABLE old_records (session_id VARCHAR(128) NOT NULL, seq BIGINT NOT NULL, record BLOB NOT NULL,"
+        " PRIMARY KEY (session_id, seq)) WITHOUT ROWID;"
+        "INSERT INTO old_records SELECT session_id, seq, record FROM sessionlog_records;"
+        "DROP TABLE sessionlog_records;"
+        "ALTER TABLE old_records RENAME TO sessionlog_records;"
+        "COMMIT;"
+    )
+    conn.close()
+    with sessionlog.open_store(f"sqlite:///{path}") as store:
+        with store.session("s1") as handle:
+            assert handle.append([{"type": "user/message", "content": "after"}]) == 3
+        store.append("s1", [{"type": "user/message", "content": "one-shot"}])
+        assert [r.get("content") for r in store.read("s1")] == [None, "before", "after", "one-shot"]
+        assert store.scan("s1").status == "clean"
+    conn = sqlite3.connect(path)
+    try:
+        (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'sessionlog_records'").fetchone()
+        assert "WITHOUT ROWID" in ddl.upper()  # the layout is left as it was
+    finally:
+        conn.close()
+
+
 def test_postgres_refuses_synchronous_commit_off(pg_schema_url: str) -> None:
     with pytest.raises(DurabilityRefused, match="synchronous_commit=off"):
         sessionlog.open_store(pg_schema_url + "&options=-c%20synchronous_commit%3Doff")
