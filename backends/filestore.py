@@ -662,11 +662,29 @@ class FileStore:
                                     reason="a writer owns the session")
             return self._repair_plan(self._scan(session_id, owned=False), force=force,
                                      expire_approvals=expire_approvals)
+        if not self._lock_exists(session_id):
+            # Taking the lock would create its file. Nobody owns the session (a writer
+            # makes the file first): a repair with nothing to write (clean, refused, no
+            # such session) answers from this scan and leaves the directory as it was.
+            report = self._repair_plan(self._scan(session_id, owned=False), force=force,
+                                       expire_approvals=expire_approvals)
+            if report.status != "repaired":
+                return report
         lock = self.take_lock(session_id, 0.0)
         try:
             return self._repair_locked(session_id, force=force, expire_approvals=expire_approvals)
         finally:
             lock.release()
+
+    def _lock_exists(self, session_id: str) -> bool:
+        path = self.lock_path_of(session_id)
+        try:
+            self.fs.stat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _io_error(exc, path, "probing the lock") from exc
+        return True
 
     def _repair_plan(self, scan: ScanResult, *, force: bool, expire_approvals: bool = False) -> RepairReport:
         path = scan.path

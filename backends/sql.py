@@ -999,6 +999,13 @@ class SqlStore:
                 return self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
             self._check_writable("repair (without dry_run)")
             owner = self.kind.ownership(session_id)
+            if owner.creates_on_acquire():
+                # SQLite's lock file does not exist yet, so nobody owns the session: a
+                # repair with nothing to write answers from this scan and creates nothing.
+                scan, tail = self._scan(session_id, owned=False)
+                report = self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
+                if report.status != "repaired":
+                    return report
             owner.acquire(0.0)
             try:
                 with self._connect() as conn:

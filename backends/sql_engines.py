@@ -99,6 +99,11 @@ class Ownership(Protocol):
 
     def release(self) -> None: ...
 
+    def creates_on_acquire(self) -> bool:
+        """True when taking the lock would create something (SQLite's lock file, the
+        first time); False when it leaves no trace (PostgreSQL's advisory lock)."""
+        ...
+
 
 # --- errors ----------------------------------------------------------------------------
 
@@ -454,6 +459,9 @@ class FileOwnership:
     def release(self) -> None:
         self._lock.release()
 
+    def creates_on_acquire(self) -> bool:
+        return not os.path.lexists(self._lock.path)
+
 
 # --- PostgreSQL --------------------------------------------------------------------------
 
@@ -807,6 +815,9 @@ class AdvisoryOwnership:
         token, self.token = self.token, None
         if token is not None:
             self.locks.release(self.key, token)
+
+    def creates_on_acquire(self) -> bool:
+        return False
 
 
 # --- shared ------------------------------------------------------------------------------

@@ -183,3 +183,35 @@ def test_read_only_and_failing_commands_change_nothing(work: Path, argv: list[st
     before = tree(work)
     run(*(a.format(w=work) for a in argv))
     assert changes(before, tree(work)) == []
+
+
+STORES = {"jsonl": "jsonl:{w}/store", "zstd": "zstd:{w}/store", "sqlite": "sqlite:///{w}/store.db"}
+
+
+@pytest.mark.parametrize("backend", sorted(STORES))
+def test_a_repair_with_nothing_to_write_creates_no_lock_file(work: Path, backend: str) -> None:
+    # Taking a session's lock the first time creates its lock file: a repair that finds
+    # nothing to do (a clean session, no such session) must not leave one behind.
+    url = STORES[backend].format(w=work)
+    source = sessionlog.open_store(f"jsonl:{work}/src")
+    with sessionlog.open_store(url) as store:
+        store.import_session("healthy", source.read("healthy"))
+    before = tree(work)
+    assert run("repair", url, "--session", "healthy") == 0
+    assert run("repair", url) == 0
+    assert run("repair", url, "--session", "nope") != 0
+    assert changes(before, tree(work)) == []
+    # A repair that does write still takes the lock (and so makes its file).
+    with sessionlog.open_store(url) as store:
+        store.append("healthy", [{"type": "turn/start", "turn": "t-open"}])
+    assert run("repair", url, "--session", "healthy") == 0
+    with sessionlog.open_store(url) as store:
+        assert store.read("healthy") and list(store.read("healthy"))[-1]["type"] == "turn/end"
+        assert store.scan("healthy").status.value == "clean"
+
+
+def test_a_refused_repair_creates_no_lock_file(work: Path) -> None:
+    before = tree(work)
+    assert run("repair", f"{work}/src/mid-log.jsonl") == 3
+    assert run("repair", f"jsonl:{work}/src", "--session", "mid-log") == 3
+    assert changes(before, tree(work)) == []
