@@ -202,6 +202,28 @@ def test_items_round_trip_exactly_and_survive_reopening(store: sessionlog.EventS
     assert sessionlog.check_pairing(view.items, "responses") is None
 
 
+def test_call_arguments_with_nan_or_infinity_round_trip(store: sessionlog.EventStore) -> None:
+    # A model may write NaN, Infinity or 1e999 in a call's arguments (json.loads takes them);
+    # a record cannot hold such a number, so the call's arguments stay the string it sent.
+    items = [
+        {"role": "user", "content": "compute"},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "calc",
+         "arguments": "{\"x\": NaN, \"y\": -Infinity, \"z\": 1e999}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "nan"},
+    ]
+
+    async def scenario() -> None:
+        session = SessionLogSession("conv-nan", store=store)
+        await session.add_items(items)
+        assert await session.get_items() == items
+        session.close()
+
+    asyncio.run(scenario())
+    assert store.scan("conv-nan").status == sessionlog.Status.CLEAN
+    (message,) = [r for r in records(store, "conv-nan") if r["type"] == "assistant/message"]
+    assert message["tool_calls"][0]["arguments"] == {"arguments": items[1]["arguments"]}
+
+
 def test_returned_items_are_copies(store: sessionlog.EventStore) -> None:
     async def scenario() -> None:
         session = SessionLogSession("s", store=store)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -184,11 +185,24 @@ def _arguments(item: Mapping[str, Any]) -> dict[str, Any]:
             decoded = _decode(raw)  # standard JSON: what json.loads gives, faster
         except msgspec.DecodeError:
             try:
-                decoded = json.loads(raw)  # what else json.loads takes (NaN, Infinity)
+                # What else json.loads takes, but NaN, Infinity or 1e999: a record cannot
+                # hold them (JSON has no such number), so such arguments stay one string.
+                decoded = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
             except ValueError:
                 return {"arguments": raw}
         return decoded if isinstance(decoded, dict) else {"arguments": decoded}
     return raw if isinstance(raw, dict) else ({} if raw is None else {"arguments": raw})
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is not a finite number")
+    return number
 
 
 def _identity(item: Any) -> str:

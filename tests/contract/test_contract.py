@@ -123,14 +123,29 @@ def test_good_session_ids(store):
 @pytest.mark.parametrize(
     "event",
     [{"no": "type"}, {"type": ""}, {"type": 5}, {"type": "x", "seq": 3}, {"type": "x", "v": object()},
-     {"type": "x", "ts": "yesterday"}, {"type": "x", "ts": float("nan")}],
+     {"type": "x", "ts": "yesterday"}, {"type": "x", "ts": float("nan")},
+     # JSON has no NaN or infinity (an encoder writes null): members are kept verbatim or refused
+     {"type": "x", "v": float("nan")}, {"type": "x", "v": float("-inf")},
+     {"type": "x", "v": [1.5, {"deep": [float("inf")]}]}, {"type": "x", "v": (1e308, float("nan"))}],
 )
 def test_invalid_events_refused_and_nothing_written(store, event):
     store.create("s1")
     with pytest.raises(InvalidEvent):
         store.append("s1", [{"type": "fine"}, event])
+    with pytest.raises(InvalidEvent):
+        store.append("s1", [event])
+    with store.session("s1") as handle, pytest.raises(InvalidEvent):
+        handle.append([event])
     assert len(list(store.read("s1"))) == 1
     assert store.append("s1", [{"type": "fine"}]) == 2
+
+
+def test_large_finite_numbers_round_trip(store):
+    store.create("s1")
+    store.append("s1", [{"type": "x", "v": [1e308, 1e308], "w": -1e308, "n": 2**70, "z": -0.0}])
+    record = list(store.read("s1"))[-1]
+    assert record["v"] == [1e308, 1e308] and record["w"] == -1e308 and record["n"] == 2**70
+    assert b'"z":-0.0' in record.raw
 
 
 @pytest.mark.parametrize("batch", [{"type": "x"}, None, 5, "x"])
