@@ -299,7 +299,8 @@ class FileSession:
             raise StoreClosed(f"{self.path}: this handle failed earlier ({self._failed}); open a new one")
         if self._fd is None or not self._lock.held:
             raise StoreClosed(f"{self.path}: session handle is closed")
-        check_not_poisoned(self._file, self.path)
+        if _POISONED:
+            check_not_poisoned(self._file, self.path)
 
     def records(self, after_seq: int = 0) -> Iterator[Record]:
         """Stream the session's records with seq > ``after_seq``."""
@@ -355,6 +356,8 @@ class FileStore:
         self.lock_timeout = lock_timeout
         self.url = f"{scheme}:{directory}"
         self.atomic_batches = framing.atomic_batches
+        # A framing with ``encode_block`` (JSONL, Zstd) takes a batch's JSONL bytes as encoded.
+        self._encode_block: Callable[[bytes], bytes] | None = getattr(framing, "encode_block", None)
         self._tails: dict[str, tuple[tuple[int, int, int, int, int], int, float]] = {}
         # Sessions kept in a file not named <id><suffix>: a copied or renamed log opened by
         # its header (sessionlog.targets); its quarantines are named after that file.
@@ -430,14 +433,13 @@ class FileStore:
         A framing with ``encode_block`` (JSONL, Zstd) takes the batch's JSONL bytes as they
         were encoded, without a copy; any other is given the record lines."""
         block, n, last_ts = encode_block(events, first_seq, self.limits)
-        framing = self.framing
-        encode_block_ = getattr(framing, "encode_block", None)
+        encode_block_ = self._encode_block
         if encode_block_ is not None:
             data = encode_block_(block)
         else:
             lines = block.split(b"\n")
             lines.pop()
-            data = framing.encode(lines)
+            data = self.framing.encode(lines)
         if len(data) > self.limits.batch_limit:
             raise InvalidEvent(
                 f"batch of {len(data)} bytes exceeds the batch limit of {self.limits.batch_limit} bytes; split it"

@@ -712,6 +712,10 @@ def encode_block(
     ``ts`` of the last one. Same rules, same bytes, same errors."""
     when = time.time() if now is None else now
     n = len(events)
+    if n == 1:  # the most common append
+        block = _one_block(events[0], first_seq, when)
+        if block is not None and len(block) <= record_limit + 1:
+            return block, 1, when if type(when) is float else float(when)
     seqs = range(first_seq, first_seq + n)
     block = _encode_fast(events, seqs, when, _BLOCK)
     if block is None:
@@ -872,6 +876,30 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
     parts[0::2] = heads
     parts[1::2] = rests
     return b"".join(parts)
+
+
+def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
+    """The record of a batch of one ``event`` as :func:`_encode_fast` writes it (a block:
+    one line and its newline), or None when the event is not one this path takes: a plain
+    ``dict`` whose members are all JSON scalars of the exact types, with exact ``str``
+    keys, a non-empty ``str`` type as its first member, and neither ``ts`` nor ``seq``.
+
+    Such an event is a record by construction (see :func:`_encode_fast`); the checks are
+    those of :class:`_Fresh` and :func:`_plain`, made on the one dict without building
+    anything."""
+    if type(event) is not dict or "ts" in event or "seq" in event or type(seq) is not int:
+        return None
+    type_ = event.get("type")
+    if (type(type_) is not str or not type_ or not _STR.issuperset(map(type, event))
+            or not _SCALARS.issuperset(map(type, event.values()))):
+        return None
+    try:
+        body = _encoder.encode(event)
+    except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        return None
+    if not body.startswith(_TYPE_HEAD):
+        return None
+    return b'{"seq":%d,"ts":%b,%b\n' % (seq, _encoder.encode(when), body[1:])
 
 
 def _plain(events: Sequence[dict[str, Any]]) -> bool:
