@@ -223,17 +223,14 @@ class FileSession:
     def _remember(self, st: os.stat_result) -> None:
         self.store._tails[self.session_id] = (_identity(st), self._last_seq, self._last_ts)
 
-    def _revalidate(self) -> None:
-        """Under the lock: if another process (or compact) moved the file, reopen it."""
-        fs = self._fs
-        try:
-            st = fs.stat(self.path)
-        except FileNotFoundError:
-            raise SessionNotFound(f"{self.path}: session was deleted") from None
-        if st.st_ino == self._ino and st.st_size == self._end:
-            return
+    def _reopen(self) -> None:
+        """Under the lock, when another process (or compact) moved the file: open what
+        the path names now and validate its tail."""
         self._close_fd()
-        self._open()
+        try:
+            self._open()
+        except OSError as exc:  # pragma: no cover - _open names its own failures
+            raise _io_error(exc, self.path, "stat") from exc
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
@@ -263,10 +260,15 @@ class FileSession:
         batch = events_list(events)
         with self._mutex:
             self._check_usable()
+            # Under the lock: the path must still name the open file at its remembered end.
             try:
-                self._revalidate()
+                st = self._fs.stat(self.path)
+            except FileNotFoundError:
+                raise SessionNotFound(f"{self.path}: session was deleted") from None
             except OSError as exc:
                 raise _io_error(exc, self.path, "stat") from exc
+            if st.st_ino != self._ino or st.st_size != self._end:
+                self._reopen()  # another process, or compact, moved it
             if expect_seq is not None and expect_seq != self._last_seq:
                 raise SequenceConflict(
                     f"{self.path}: expected last seq {expect_seq}, found {self._last_seq}",

@@ -747,7 +747,17 @@ class _Fresh(msgspec.Struct, gc=False):
     seq: msgspec.UnsetType = msgspec.UNSET
 
 
+class _FreshWithoutTs(msgspec.Struct, gc=False):
+    """:class:`_Fresh` for an event without a ``ts`` of its own, as most are: a batch
+    that passes this also has no event with a ``ts``, found in the same pass."""
+
+    type: Annotated[str, msgspec.Meta(min_length=1)]
+    ts: msgspec.UnsetType = msgspec.UNSET
+    seq: msgspec.UnsetType = msgspec.UNSET
+
+
 _FRESH = list[_Fresh]
+_FRESH_WITHOUT_TS = list[_FreshWithoutTs]
 _DICT = frozenset({dict})
 _SEQUENCES = frozenset({list, tuple})
 _type_of = attrgetter("type")
@@ -786,14 +796,19 @@ def _encode_fast(
     if not _DICT.issuperset(map(type, events)):
         return None
     try:
-        msgspec.convert(events, _FRESH)
+        msgspec.convert(events, _FRESH_WITHOUT_TS)
+        own_ts = False
     except (msgspec.ValidationError, OverflowError, TypeError):
-        return None
+        try:
+            msgspec.convert(events, _FRESH)
+        except (msgspec.ValidationError, OverflowError, TypeError):
+            return None
+        own_ts = True  # the only difference between the two
     if not events:
         return encode([])
     shared_ts = _encoder.encode(when)
     plain = _SCALARS.issuperset(map(type, _members_of(events))) or _plain(events)
-    if plain and not any(map(dict.__contains__, events, repeat("ts"))):
+    if plain and not own_ts:
         spliced = _spliced(events, seqs, shared_ts, encode is _LINES)
         if spliced is not None:
             return spliced  # type: ignore[return-value]
@@ -861,10 +876,10 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
             return None
         record = b"".join((_SEQ, _encoder.encode(seqs[0]), b',"ts":', ts, b",", block[1:]))
         return [record[:-1]] if as_lines else record
-    rests = (b"\n" + block).split(_TYPE_FIRST)
-    if len(rests) != n + 1:
+    rests = block.split(_TYPE_FIRST)
+    if len(rests) != n or not rests[0].startswith(_TYPE_HEAD):
         return None
-    del rests[0]
+    rests[0] = rests[0][len(_TYPE_HEAD):]  # the first line's type, found without copying the block
     seq_texts = _encoder.encode(list(seqs))[1:-1].split(b",")
     middle = b',"ts":' + ts + b',"type":'
     if as_lines:
