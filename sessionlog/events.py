@@ -693,6 +693,10 @@ def encode_records_at(
         raise ValueError(f"{len(events)} events but {len(seqs)} seqs")
     if type(seqs) is not range and seqs and (not _INT.issuperset(map(type, seqs)) or min(seqs) < 1):
         raise ValueError("seqs must be ints >= 1")
+    if len(events) == 1:  # the most common append
+        block = _one_block(events[0], seqs[0], when)
+        if block is not None and len(block) <= record_limit + 1:
+            return [block[:-1]]
     try:
         lines = _encode_fast(events, seqs, when, _LINES)
         if lines is not None:
@@ -896,8 +900,8 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
 def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
     """The record of a batch of one ``event`` as :func:`_encode_fast` writes it (a block:
     one line and its newline), or None when the event is not one this path takes: a plain
-    ``dict`` whose members are all JSON scalars of the exact types, with exact ``str``
-    keys, a non-empty ``str`` type as its first member, and neither ``ts`` nor ``seq``.
+    ``dict`` (see :func:`_plain`) with exact ``str`` keys, a non-empty ``str`` type as its
+    first member, and neither ``ts`` nor ``seq``.
 
     Such an event is a record by construction (see :func:`_encode_fast`); the checks are
     those of :class:`_Fresh` and :func:`_plain`, made on the one dict without building
@@ -906,12 +910,12 @@ def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
         return None
     type_ = event.get("type")
     if (type(type_) is not str or not type_ or not _STR.issuperset(map(type, event))
-            or not _SCALARS.issuperset(map(type, event.values()))):
+            or not (_SCALARS.issuperset(map(type, event.values())) or _plain([event]))):
         return None
     try:
         body = _encoder.encode(event)
-    except (TypeError, msgspec.EncodeError, OverflowError, ValueError):
-        return None
+    except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        return None  # a deep caller stack, say: the batch path encodes it with room
     if not body.startswith(_TYPE_HEAD):
         return None
     return b'{"seq":%d,"ts":%b,%b\n' % (seq, _encoder.encode(when), body[1:])

@@ -11,6 +11,7 @@ import enum
 import math
 import os
 import re
+import sys
 from collections import UserDict
 from typing import Any
 
@@ -221,6 +222,26 @@ def test_fast_path_is_the_exact_path_near_the_record_limit(batch: list[Any], lim
 def test_one_event_batch_is_the_exact_path(one: Any, limit: int) -> None:
     # A batch of one event (the most common append) has a path of its own in encode_block.
     check([one], limit)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH, 5000])
+def test_one_event_batch_nested_from_a_deep_caller_stack(depth: int) -> None:
+    # A one-event batch with containers takes its own path too; from a caller stack near
+    # the recursion limit it still gives the exact path's bytes, or its refusal.
+    batch = [{"type": "x", "v": nest(depth), "w": [1, {"k": (2, None)}]}]
+
+    def at_depth(n: int) -> Any:
+        if n:
+            return at_depth(n - 1)
+        return outcome(lambda: encode_block(batch, 7, record_limit=1 << 20, now=NOW))
+
+    exact = outcome(lambda: _encode_each(batch, range(7, 8), NOW, 1 << 20))
+    block = at_depth(sys.getrecursionlimit() - 80)
+    if exact[0] == "ok":
+        assert block == ("ok", (exact[1][0] + b"\n", 1, NOW))
+    else:
+        assert block == exact
+    check(batch)
 
 
 def test_one_event_batch_at_the_record_limit() -> None:
