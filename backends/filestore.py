@@ -223,17 +223,14 @@ class FileSession:
     def _remember(self, st: os.stat_result) -> None:
         self.store._tails[self.session_id] = (_identity(st), self._last_seq, self._last_ts)
 
-    def _revalidate(self) -> None:
-        """Under the lock: if another process (or compact) moved the file, reopen it."""
-        fs = self._fs
-        try:
-            st = fs.stat(self.path)
-        except FileNotFoundError:
-            raise SessionNotFound(f"{self.path}: session was deleted") from None
-        if st.st_ino == self._ino and st.st_size == self._end:
-            return
+    def _reopen(self) -> None:
+        """Under the lock, when another process (or compact) moved the file: open what
+        the path names now and validate its tail."""
         self._close_fd()
-        self._open()
+        try:
+            self._open()
+        except OSError as exc:  # pragma: no cover - _open names its own failures
+            raise _io_error(exc, self.path, "stat") from exc
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
@@ -263,10 +260,15 @@ class FileSession:
         batch = events_list(events)
         with self._mutex:
             self._check_usable()
+            # Under the lock: the path must still name the open file at its remembered end.
             try:
-                self._revalidate()
+                st = self._fs.stat(self.path)
+            except FileNotFoundError:
+                raise SessionNotFound(f"{self.path}: session was deleted") from None
             except OSError as exc:
                 raise _io_error(exc, self.path, "stat") from exc
+            if st.st_ino != self._ino or st.st_size != self._end:
+                self._reopen()  # another process, or compact, moved it
             if expect_seq is not None and expect_seq != self._last_seq:
                 raise SequenceConflict(
                     f"{self.path}: expected last seq {expect_seq}, found {self._last_seq}",
@@ -299,7 +301,8 @@ class FileSession:
             raise StoreClosed(f"{self.path}: this handle failed earlier ({self._failed}); open a new one")
         if self._fd is None or not self._lock.held:
             raise StoreClosed(f"{self.path}: session handle is closed")
-        check_not_poisoned(self._file, self.path)
+        if _POISONED:
+            check_not_poisoned(self._file, self.path)
 
     def records(self, after_seq: int = 0) -> Iterator[Record]:
         """Stream the session's records with seq > ``after_seq``."""
@@ -355,6 +358,8 @@ class FileStore:
         self.lock_timeout = lock_timeout
         self.url = f"{scheme}:{directory}"
         self.atomic_batches = framing.atomic_batches
+        # A framing with ``encode_block`` (JSONL, Zstd) takes a batch's JSONL bytes as encoded.
+        self._encode_block: Callable[[bytes], bytes] | None = getattr(framing, "encode_block", None)
         self._tails: dict[str, tuple[tuple[int, int, int, int, int], int, float]] = {}
         # Sessions kept in a file not named <id><suffix>: a copied or renamed log opened by
         # its header (sessionlog.targets); its quarantines are named after that file.
@@ -430,14 +435,13 @@ class FileStore:
         A framing with ``encode_block`` (JSONL, Zstd) takes the batch's JSONL bytes as they
         were encoded, without a copy; any other is given the record lines."""
         block, n, last_ts = encode_block(events, first_seq, self.limits)
-        framing = self.framing
-        encode_block_ = getattr(framing, "encode_block", None)
+        encode_block_ = self._encode_block
         if encode_block_ is not None:
             data = encode_block_(block)
         else:
             lines = block.split(b"\n")
             lines.pop()
-            data = framing.encode(lines)
+            data = self.framing.encode(lines)
         if len(data) > self.limits.batch_limit:
             raise InvalidEvent(
                 f"batch of {len(data)} bytes exceeds the batch limit of {self.limits.batch_limit} bytes; split it"

@@ -68,7 +68,7 @@ class FileSystem:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def write(self, fd: int, data: memoryview) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
 
     def pread(self, fd: int, n: int, offset: int) -> bytes:
@@ -80,10 +80,11 @@ class FileSystem:
         else:
             os.fsync(fd)
 
-    def fdatasync(self, fd: int) -> None:
-        if sys.platform == "darwin":  # pragma: no cover
+    if sys.platform == "darwin":  # pragma: no cover - Linux is the target
+        def fdatasync(self, fd: int) -> None:
             fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-        else:
+    else:
+        def fdatasync(self, fd: int) -> None:
             os.fdatasync(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
@@ -195,12 +196,19 @@ def forget_name(file: tuple[int, int]) -> None:
 
 def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
     """Write every byte of ``data``, looping over short writes."""
+    if not data:
+        return
+    n = fs.write(fd, data)
+    if n == len(data):  # one write took it all, as a regular file's write does
+        return
     view = memoryview(data)
-    while view:
-        n = fs.write(fd, view)
+    while True:
         if n <= 0:  # pragma: no cover - a regular file never does this
             raise OSError(errno.EIO, "write returned 0")
         view = view[n:]
+        if not view:
+            return
+        n = fs.write(fd, view)
 
 
 def ensure_store_dir(fs: FileSystem, directory: str) -> None:

@@ -736,6 +736,10 @@ def encode_records_at(
         raise ValueError(f"{len(events)} events but {len(seqs)} seqs")
     if type(seqs) is not range and seqs and (not _INT.issuperset(map(type, seqs)) or min(seqs) < 1):
         raise ValueError("seqs must be ints >= 1")
+    if len(events) == 1:  # the most common append
+        block = _one_block(events[0], seqs[0], when)
+        if block is not None and len(block) <= record_limit + 1:
+            return [block[:-1]]
     try:
         lines = _encode_fast(events, seqs, when, _LINES)
         if lines is not None:
@@ -755,6 +759,10 @@ def encode_block(
     ``ts`` of the last one. Same rules, same bytes, same errors."""
     when = time.time() if now is None else now
     n = len(events)
+    if n == 1:  # the most common append
+        block = _one_block(events[0], first_seq, when)
+        if block is not None and len(block) <= record_limit + 1:
+            return block, 1, when if type(when) is float else float(when)
     seqs = range(first_seq, first_seq + n)
     block = _encode_fast(events, seqs, when, _BLOCK)
     if block is None:
@@ -786,7 +794,17 @@ class _Fresh(msgspec.Struct, gc=False):
     seq: msgspec.UnsetType = msgspec.UNSET
 
 
+class _FreshWithoutTs(msgspec.Struct, gc=False):
+    """:class:`_Fresh` for an event without a ``ts`` of its own, as most are: a batch
+    that passes this also has no event with a ``ts``, found in the same pass."""
+
+    type: Annotated[str, msgspec.Meta(min_length=1)]
+    ts: msgspec.UnsetType = msgspec.UNSET
+    seq: msgspec.UnsetType = msgspec.UNSET
+
+
 _FRESH = list[_Fresh]
+_FRESH_WITHOUT_TS = list[_FreshWithoutTs]
 _DICT = frozenset({dict})
 _SEQUENCES = frozenset({list, tuple})
 _type_of = attrgetter("type")
@@ -824,10 +842,19 @@ def _encode_fast(
     batch is proven on its bytes."""
     if not _DICT.issuperset(map(type, events)):
         return None
-    try:
-        msgspec.convert(events, _FRESH)
-    except (msgspec.ValidationError, OverflowError, TypeError):
-        return None
+    # Events that carry a ts mostly all do: the first one decides which check is tried first
+    # (a failed convert costs more than a passed one).
+    own_ts = bool(events) and "ts" in events[0]
+    if not own_ts:
+        try:
+            msgspec.convert(events, _FRESH_WITHOUT_TS)
+        except (msgspec.ValidationError, OverflowError, TypeError):
+            own_ts = True  # if _Fresh passes: the only difference between the two
+    if own_ts:
+        try:
+            msgspec.convert(events, _FRESH)
+        except (msgspec.ValidationError, OverflowError, TypeError):
+            return None
     if not events:
         return encode([])
     shared_ts = _encoder.encode(when)
@@ -835,7 +862,7 @@ def _encode_fast(
     plain = _plain(members)
     if plain is None:
         return None  # a float is NaN or infinite: the exact path names the event
-    if plain and not any(map(dict.__contains__, events, repeat("ts"))):
+    if plain and not own_ts:
         spliced = _spliced(events, seqs, shared_ts, encode is _LINES)
         if spliced is not None:
             return spliced  # type: ignore[return-value]
@@ -905,10 +932,10 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
             return None
         record = b"".join((_SEQ, _encoder.encode(seqs[0]), b',"ts":', ts, b",", block[1:]))
         return [record[:-1]] if as_lines else record
-    rests = (b"\n" + block).split(_TYPE_FIRST)
-    if len(rests) != n + 1:
+    rests = block.split(_TYPE_FIRST)
+    if len(rests) != n or not rests[0].startswith(_TYPE_HEAD):
         return None
-    del rests[0]
+    rests[0] = rests[0][len(_TYPE_HEAD):]  # the first line's type, found without copying the block
     seq_texts = _encoder.encode(list(seqs))[1:-1].split(b",")
     middle = b',"ts":' + ts + b',"type":'
     if as_lines:
@@ -920,6 +947,30 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
     parts[0::2] = heads
     parts[1::2] = rests
     return b"".join(parts)
+
+
+def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
+    """The record of a batch of one ``event`` as :func:`_encode_fast` writes it (a block:
+    one line and its newline), or None when the event is not one this path takes: a plain
+    ``dict`` (see :func:`_plain`; no float NaN or infinite) with exact ``str`` keys, a
+    non-empty ``str`` type as its first member, and neither ``ts`` nor ``seq``.
+
+    Such an event is a record by construction (see :func:`_encode_fast`); the checks are
+    those of :class:`_Fresh` and :func:`_plain`, made on the one dict without building
+    anything."""
+    if type(event) is not dict or "ts" in event or "seq" in event or type(seq) is not int:
+        return None
+    type_ = event.get("type")
+    if (type(type_) is not str or not type_ or not _STR.issuperset(map(type, event))
+            or _plain(_members_of([event])) is not True):
+        return None
+    try:
+        body = _encoder.encode(event)
+    except (RecursionError, TypeError, msgspec.EncodeError, OverflowError, ValueError):
+        return None  # a deep caller stack, say: the batch path encodes it with room
+    if not body.startswith(_TYPE_HEAD):
+        return None
+    return b'{"seq":%d,"ts":%b,%b\n' % (seq, _encoder.encode(when), body[1:])
 
 
 def _plain(members: list[Any]) -> bool | None:

@@ -11,6 +11,7 @@ import enum
 import math
 import os
 import re
+import sys
 from collections import UserDict
 from typing import Any
 
@@ -200,6 +201,62 @@ def test_fast_path_is_the_exact_path(batch: list[Any]) -> None:
 @given(batch=batches, limit=st.integers(40, 400))
 def test_fast_path_is_the_exact_path_near_the_record_limit(batch: list[Any], limit: int) -> None:
     check(batch, limit)
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(one=event(), limit=st.sampled_from([40, 300, 1 << 16]))
+@example(one={"type": "x", "ts": None}, limit=1 << 16)
+@example(one={"type": "x", "seq": 1}, limit=1 << 16)
+@example(one={Text("type"): "x"}, limit=1 << 16)
+@example(one={"type": "x", Text("k"): 1}, limit=1 << 16)
+@example(one={"type": "x", 1: "a", "1": "b"}, limit=1 << 16)
+@example(one={"v": 1, "type": "x"}, limit=1 << 16)
+@example(one={"type": Text("x")}, limit=1 << 16)
+@example(one={"type": ""}, limit=1 << 16)
+@example(one={"type": "x", "v": float("nan"), "w": float("-inf"), "b": True, "n": None}, limit=1 << 16)
+@example(one={"type": "x", "v": 2**70}, limit=1 << 16)
+@example(one={"type": "x", "v": "\ud800"}, limit=1 << 16)
+@example(one={"type": "x", "v": "a\nb\r"}, limit=1 << 16)
+@example(one={"type": "x", "v": Number(3), "w": Real(1.5), "t": Text("y")}, limit=1 << 16)
+@example(one={"type": "x", "r": msgspec.Raw(b'1,"seq":9')}, limit=1 << 16)
+@example(one={"type": "x", "v": "y" * 30}, limit=40)
+@example(one=type("Sub", (dict,), {})({"type": "x"}), limit=1 << 16)
+@example(one=UserDict({"type": "x"}), limit=1 << 16)
+def test_one_event_batch_is_the_exact_path(one: Any, limit: int) -> None:
+    # A batch of one event (the most common append) has a path of its own in encode_block.
+    check([one], limit)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH, 5000])
+def test_one_event_batch_nested_from_a_deep_caller_stack(depth: int) -> None:
+    # A one-event batch with containers takes its own path too; from a caller stack near
+    # the recursion limit it still gives the exact path's bytes, or its refusal.
+    batch = [{"type": "x", "v": nest(depth), "w": [1, {"k": (2, None)}]}]
+
+    def at_depth(n: int) -> Any:
+        if n:
+            return at_depth(n - 1)
+        return outcome(lambda: encode_block(batch, 7, record_limit=1 << 20, now=NOW))
+
+    exact = outcome(lambda: _encode_each(batch, range(7, 8), NOW, 1 << 20))
+    block = at_depth(sys.getrecursionlimit() - 80)
+    if exact[0] == "ok":
+        assert block == ("ok", (exact[1][0] + b"\n", 1, NOW))
+    else:
+        assert block == exact
+    check(batch)
+
+
+def test_one_event_batch_at_the_record_limit() -> None:
+    event = {"type": "x", "v": "y" * 20}
+    line, = encode_records([event], 3, record_limit=1 << 16, now=NOW)
+    block, n, last_ts = encode_block([event], 3, record_limit=len(line), now=NOW)
+    assert (block, n, last_ts) == (line + b"\n", 1, NOW)
+    with pytest.raises(RecordError, match=f"event 0 of the batch is {len(line)} bytes"):
+        encode_block([event], 3, record_limit=len(line) - 1, now=NOW)
+    block, _, last_ts = encode_block([event], 3, record_limit=1 << 16, now=5)
+    assert block.startswith(b'{"seq":3,"ts":5,"type":"x"') and type(last_ts) is float
 
 
 def nest(depth: int, kinds: str = "ld") -> Any:
