@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, compress, repeat
-from operator import attrgetter, not_
+from operator import attrgetter, itemgetter, not_
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
@@ -260,6 +260,8 @@ def _proven_prefix(lines: list[bytes], region: bytes, members: list[dict[str, ms
 _seqs_decoder = msgspec.json.Decoder(list[int])
 _tss_decoder = msgspec.json.Decoder(list[float])
 _types_decoder = msgspec.json.Decoder(list[str])
+# The members gathered in C (a msgspec.Raw is a buffer: joined as it is).
+_SEQ_OF, _TS_OF, _TYPE_OF = itemgetter("seq"), itemgetter("ts"), itemgetter("type")
 
 
 def _envelopes(members: list[dict[str, msgspec.Raw]]) -> tuple[list[int], list[float], list[str]] | None:
@@ -268,9 +270,9 @@ def _envelopes(members: list[dict[str, msgspec.Raw]]) -> tuple[list[int], list[f
     some record lacks one or one is not of its type."""
     try:
         return (
-            _seqs_decoder.decode(b"[" + b",".join([m["seq"] for m in members]) + b"]"),
-            _tss_decoder.decode(b"[" + b",".join([m["ts"] for m in members]) + b"]"),
-            _types_decoder.decode(b"[" + b",".join([m["type"] for m in members]) + b"]"),
+            _seqs_decoder.decode(b"[" + b",".join(map(_SEQ_OF, members)) + b"]"),
+            _tss_decoder.decode(b"[" + b",".join(map(_TS_OF, members)) + b"]"),
+            _types_decoder.decode(b"[" + b",".join(map(_TYPE_OF, members)) + b"]"),
         )
     except (KeyError, msgspec.DecodeError):
         return None
