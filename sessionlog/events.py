@@ -326,6 +326,39 @@ def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
     return run, every and not cut
 
 
+def region_run_in(buf: bytes, start: int, end: int, first_seq: int) -> tuple[RecordRun, bool]:
+    """:func:`region_run` of ``buf[start:end]``, without copying the region out of
+    ``buf`` first when its lines are written as this engine writes them: the members are
+    decoded where they lie, and their re-encoding, which gives the region back byte for
+    byte, is the run's copy of it (the one a slice would have made) on which the other
+    rules are checked. The members' JSON text then refers to ``buf``."""
+    if start == 0 and end == len(buf):
+        return region_run(buf, first_seq)
+    members = _decode_lines(memoryview(buf)[start:end])
+    if members is not None:
+        again = _encoder.encode_lines(members)
+        if len(again) == end - start and buf.startswith(again, start) and _utf8(again):
+            run = _compact_proven(again, members, first_seq)
+            if run is not None:
+                return run, True
+        region = buf[start:end]
+        if _utf8(region):
+            # The members decoded from the very same bytes: the general path takes them.
+            return _general_run(region, first_seq, members)
+    return region_run(buf[start:end], first_seq)
+
+
+def _utf8(data: bytes) -> bool:
+    """True when ``data`` is strict UTF-8."""
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
     """The run of a region (valid UTF-8, whole lines) whose every line is a record
     written as this engine writes them, proven without splitting it into lines; None
@@ -338,9 +371,15 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
     the same bytes). Depth: a line nested deeper than ``MAX_DEPTH`` opens more than
     ``MAX_DEPTH`` brackets; the openers are kept with the newlines in one C-level pass,
     and a line with that many takes the general path, which measures it exactly."""
-    n = len(members)
     if _encoder.encode_lines(members) != region:
         return None
+    return _compact_proven(region, members, first_seq)
+
+
+def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
+    """:func:`_compact_run` once ``members`` are proven to re-encode to ``region``: the
+    newline count, depth and envelope rules."""
+    n = len(members)
     openers = region.translate(None, _NOT_OPENERS)
     if openers.count(b"\n") != n:
         return None
