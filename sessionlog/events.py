@@ -391,11 +391,18 @@ def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_
             if count > MAX_DEPTH and nested_deeper(line):
                 return None
         lines.pop()
-    envelopes = _envelopes(members)
-    if envelopes is None:
+    # Each seq is written as the digits of the integer expected: the only JSON text that
+    # decodes to it as an integer (no leading zeros, no "+"; a fraction or an exponent
+    # is a float). Any other text takes the general path, which decodes it.
+    seqs = list(range(first_seq, first_seq + n))
+    try:
+        if b"[" + b",".join(map(_SEQ_OF, members)) + b"]" != _encoder.encode(seqs):
+            return None
+        tss = _tss_decoder.decode(b"[" + b",".join(map(_TS_OF, members)) + b"]")
+        types = _types_decoder.decode(b"[" + b",".join(map(_TYPE_OF, members)) + b"]")
+    except (KeyError, msgspec.DecodeError):
         return None
-    seqs, tss, types = envelopes
-    if seqs != list(range(first_seq, first_seq + n)) or "" in types:
+    if "" in types:
         return None
     return RecordRun(region, seqs, tss, types, members, lines)
 
