@@ -202,7 +202,7 @@ class PendingCalls:
         step_value: Any = None
         id_memo: Any = None
         id_value: Any = None
-        decode, decode_str, key_of = _decode, _decode_str, _key
+        decode, decode_str, named, key_of = _decode, _decode_str, _named_decoder.decode, _key
         seq = self.last_seq
         try:
             for type_, seq, members in zip(run.types, run.seqs, run.members):
@@ -279,7 +279,10 @@ class PendingCalls:
                         raw = members.get("tool_calls")
                         if raw is None or raw == _NO_CALLS or raw == _NULL:
                             continue
-                        requests = _requests(raw)
+                        try:
+                            requests = named(raw)
+                        except msgspec.ValidationError:
+                            requests = _requests(raw)
                         if len(requests) == 1:
                             req = requests[0]
                             call = PendingCall(req.id, req.name, turn, step, seq, None, False, None, None, turn_raw)
