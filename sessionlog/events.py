@@ -383,14 +383,12 @@ def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_
     openers = region.translate(None, _NOT_OPENERS)
     if openers.count(b"\n") != n:
         return None
-    lines = None
     if len(openers) - n > MAX_DEPTH and _MANY_OPENERS.search(b"\n" + openers) is not None:
-        # Some line opens that many brackets (a long list of objects, say): measure those.
-        lines = region.split(b"\n")
-        for line, count in zip(lines, map(len, openers.split(b"\n"))):
-            if count > MAX_DEPTH and nested_deeper(line):
+        # Some line opens that many brackets (a long list of objects, or brackets inside
+        # a long string): measure those, member by member.
+        for k, count in enumerate(map(len, openers.split(b"\n"))):
+            if count > MAX_DEPTH and _members_deeper(members[k]):
                 return None
-        lines.pop()
     # Each seq is written as the digits of the integer expected: the only JSON text that
     # decodes to it as an integer (no leading zeros, no "+"; a fraction or an exponent
     # is a float). Any other text takes the general path, which decodes it.
@@ -404,7 +402,22 @@ def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_
         return None
     if "" in types:
         return None
-    return RecordRun(region, seqs, tss, types, members, lines)
+    return RecordRun(region, seqs, tss, types, members)
+
+
+def _members_deeper(members: dict[str, msgspec.Raw]) -> bool:
+    """True when the record whose top-level ``members`` these are (its line proven to be
+    them, written compact) nests deeper than ``MAX_DEPTH``: when one of its values nests
+    deeper than ``MAX_DEPTH - 1``. A value that is not an array or an object (a string
+    full of brackets, say) nests no deeper than the record itself."""
+    for raw in members.values():
+        view = memoryview(raw)
+        if view[0] in _OPENS and nested_deeper(view.tobytes(), MAX_DEPTH - 1):
+            return True
+    return False
+
+
+_OPENS = frozenset(b"[{")
 
 
 def _general_run(region: bytes, first_seq: int, members: list[dict[str, msgspec.Raw]] | None

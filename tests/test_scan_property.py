@@ -223,6 +223,11 @@ def _adversarial(seq: int, kind: str) -> bytes:
         + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
         "spread-depth-129": line[:-1] + b',"d":' + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
         "spread-depth-128": line[:-1] + b',"d":' + b'{"k":[' * 63 + b'{"k":1}' + b"]}" * 63 + b"}",
+        # Brackets inside a string are no nesting, whatever their number; beside a value
+        # nested too deep they do not hide it.
+        "brackets-in-string": line[:-1] + b',"o":"' + b"[{" * 200 + b'"}',
+        "brackets-in-string-deep": line[:-1] + b',"o":"' + b"[{" * 200 + b'","d":' + b'{"k":[' * 64 + b"1"
+        + b"]}" * 64 + b"}",
         "escaped-key": line.replace(b'"output"', b'"\\u006futput"'),
         "escaped-envelope-key": line.replace(b'"ts"', b'"t\\u0073"'),
         "non-ascii-key": line.replace(b'"output"', b'"\xc3\xb6utput"'),
@@ -235,7 +240,8 @@ ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", 
                "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty",
                "type-number", "type-missing", "seq-missing", "seq-float", "seq-bool", "ts-bool", "ts-int",
                "ts-overflow", "envelope-last", "envelope-repeat", "newline-in-member", "newline-ends-member",
-               "many-openers", "many-openers-deep", "spread-depth-129", "spread-depth-128", "escaped-key",
+               "many-openers", "many-openers-deep", "spread-depth-129", "spread-depth-128", "brackets-in-string",
+               "brackets-in-string-deep", "escaped-key",
                "escaped-envelope-key", "non-ascii-key", "nul-in-string"]
 
 
