@@ -370,7 +370,7 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
     unique top-level keys (a repeated key keeps one member and would not re-encode to
     the same bytes). Depth: a line nested deeper than ``MAX_DEPTH`` opens more than
     ``MAX_DEPTH`` brackets; the openers are kept with the newlines in one C-level pass,
-    and a line with that many takes the general path, which measures it exactly."""
+    and a line with that many is measured exactly, value by value."""
     if _encoder.encode_lines(members) != region:
         return None
     return _compact_proven(region, members, first_seq)
