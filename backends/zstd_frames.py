@@ -296,6 +296,15 @@ class ByteStream:
             raise ValueError("ByteStream is forward-only")
         return self.buf[i : i + n]
 
+    def view(self, pos: int, n: int) -> memoryview:
+        """:meth:`get` without copying the bytes out of the buffer: for a reader that is
+        done with them before asking for more (a frame handed to the decompressor)."""
+        i = pos - self.base
+        if not (0 <= i and i + n <= len(self.buf)):
+            self.get(pos, n)  # reads what is missing
+            i = pos - self.base
+        return memoryview(self.buf)[i : i + n]
+
     def release(self, pos: int) -> None:
         """Bytes before ``pos`` will not be asked for again."""
         if pos > self.keep:
@@ -484,7 +493,7 @@ class FrameScan:
             if contents and (size is None or total + size > span):
                 self._ahead = shape  # where the next batch starts: not walked twice
                 break
-            content = decompress_frame(get(pos, shape.end - pos), shape, flimits)
+            content = decompress_frame(stream.view(pos, shape.end - pos), shape, flimits)
             if isinstance(content, str) or content[-1:] != b"\n":
                 break
             shapes.append(shape)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, compress, repeat
-from operator import attrgetter, not_
+from operator import attrgetter, itemgetter, not_
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
@@ -260,6 +260,8 @@ def _proven_prefix(lines: list[bytes], region: bytes, members: list[dict[str, ms
 _seqs_decoder = msgspec.json.Decoder(list[int])
 _tss_decoder = msgspec.json.Decoder(list[float])
 _types_decoder = msgspec.json.Decoder(list[str])
+# The members gathered in C (a msgspec.Raw is a buffer: joined as it is).
+_SEQ_OF, _TS_OF, _TYPE_OF = itemgetter("seq"), itemgetter("ts"), itemgetter("type")
 
 
 def _envelopes(members: list[dict[str, msgspec.Raw]]) -> tuple[list[int], list[float], list[str]] | None:
@@ -268,9 +270,9 @@ def _envelopes(members: list[dict[str, msgspec.Raw]]) -> tuple[list[int], list[f
     some record lacks one or one is not of its type."""
     try:
         return (
-            _seqs_decoder.decode(b"[" + b",".join([m["seq"] for m in members]) + b"]"),
-            _tss_decoder.decode(b"[" + b",".join([m["ts"] for m in members]) + b"]"),
-            _types_decoder.decode(b"[" + b",".join([m["type"] for m in members]) + b"]"),
+            _seqs_decoder.decode(b"[" + b",".join(map(_SEQ_OF, members)) + b"]"),
+            _tss_decoder.decode(b"[" + b",".join(map(_TS_OF, members)) + b"]"),
+            _types_decoder.decode(b"[" + b",".join(map(_TYPE_OF, members)) + b"]"),
         )
     except (KeyError, msgspec.DecodeError):
         return None
@@ -324,6 +326,39 @@ def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
     return run, every and not cut
 
 
+def region_run_in(buf: bytes, start: int, end: int, first_seq: int) -> tuple[RecordRun, bool]:
+    """:func:`region_run` of ``buf[start:end]``, without copying the region out of
+    ``buf`` first when its lines are written as this engine writes them: the members are
+    decoded where they lie, and their re-encoding, which gives the region back byte for
+    byte, is the run's copy of it (the one a slice would have made) on which the other
+    rules are checked. The members' JSON text then refers to ``buf``."""
+    if start == 0 and end == len(buf):
+        return region_run(buf, first_seq)
+    members = _decode_lines(memoryview(buf)[start:end])
+    if members is not None:
+        again = _encoder.encode_lines(members)
+        if len(again) == end - start and buf.startswith(again, start) and _utf8(again):
+            run = _compact_proven(again, members, first_seq)
+            if run is not None:
+                return run, True
+        region = buf[start:end]
+        if _utf8(region):
+            # The members decoded from the very same bytes: the general path takes them.
+            return _general_run(region, first_seq, members)
+    return region_run(buf[start:end], first_seq)
+
+
+def _utf8(data: bytes) -> bool:
+    """True when ``data`` is strict UTF-8."""
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
     """The run of a region (valid UTF-8, whole lines) whose every line is a record
     written as this engine writes them, proven without splitting it into lines; None
@@ -335,28 +370,54 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
     unique top-level keys (a repeated key keeps one member and would not re-encode to
     the same bytes). Depth: a line nested deeper than ``MAX_DEPTH`` opens more than
     ``MAX_DEPTH`` brackets; the openers are kept with the newlines in one C-level pass,
-    and a line with that many takes the general path, which measures it exactly."""
-    n = len(members)
+    and a line with that many is measured exactly, value by value."""
     if _encoder.encode_lines(members) != region:
         return None
+    return _compact_proven(region, members, first_seq)
+
+
+def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
+    """:func:`_compact_run` once ``members`` are proven to re-encode to ``region``: the
+    newline count, depth and envelope rules."""
+    n = len(members)
     openers = region.translate(None, _NOT_OPENERS)
     if openers.count(b"\n") != n:
         return None
-    lines = None
     if len(openers) - n > MAX_DEPTH and _MANY_OPENERS.search(b"\n" + openers) is not None:
-        # Some line opens that many brackets (a long list of objects, say): measure those.
-        lines = region.split(b"\n")
-        for line, count in zip(lines, map(len, openers.split(b"\n"))):
-            if count > MAX_DEPTH and nested_deeper(line):
+        # Some line opens that many brackets (a long list of objects, or brackets inside
+        # a long string): measure those, member by member.
+        for k, count in enumerate(map(len, openers.split(b"\n"))):
+            if count > MAX_DEPTH and _members_deeper(members[k]):
                 return None
-        lines.pop()
-    envelopes = _envelopes(members)
-    if envelopes is None:
+    # Each seq is written as the digits of the integer expected: the only JSON text that
+    # decodes to it as an integer (no leading zeros, no "+"; a fraction or an exponent
+    # is a float). Any other text takes the general path, which decodes it.
+    seqs = list(range(first_seq, first_seq + n))
+    try:
+        if b"[" + b",".join(map(_SEQ_OF, members)) + b"]" != _encoder.encode(seqs):
+            return None
+        tss = _tss_decoder.decode(b"[" + b",".join(map(_TS_OF, members)) + b"]")
+        types = _types_decoder.decode(b"[" + b",".join(map(_TYPE_OF, members)) + b"]")
+    except (KeyError, msgspec.DecodeError):
         return None
-    seqs, tss, types = envelopes
-    if seqs != list(range(first_seq, first_seq + n)) or "" in types:
+    if "" in types:
         return None
-    return RecordRun(region, seqs, tss, types, members, lines)
+    return RecordRun(region, seqs, tss, types, members)
+
+
+def _members_deeper(members: dict[str, msgspec.Raw]) -> bool:
+    """True when the record whose top-level ``members`` these are (its line proven to be
+    them, written compact) nests deeper than ``MAX_DEPTH``: when one of its values nests
+    deeper than ``MAX_DEPTH - 1``. A value that is not an array or an object (a string
+    full of brackets, say) nests no deeper than the record itself."""
+    for raw in members.values():
+        view = memoryview(raw)
+        if view[0] in _OPENS and nested_deeper(view.tobytes(), MAX_DEPTH - 1):
+            return True
+    return False
+
+
+_OPENS = frozenset(b"[{")
 
 
 def _general_run(region: bytes, first_seq: int, members: list[dict[str, msgspec.Raw]] | None

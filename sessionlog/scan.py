@@ -27,7 +27,7 @@ from .events import (
     Record,
     RecordError,
     RecordRun,
-    region_run,
+    region_run_in,
     encode_records,
     encode_records_at,
 )
@@ -198,6 +198,11 @@ class LineScan:
         buf = b""
         base = self.start  # absolute offset of buf[0]
         i = 0
+        # A line cut by a read is joined with its end alone (``buf``), and the chunk it
+        # ends in waits in ``ahead`` from ``ahead_at`` on: regions are decoded where they
+        # lie in the chunk read, and no chunk is copied onto the bytes left before it.
+        ahead: bytes | None = None
+        ahead_at = 0
         expected = self.expected_seq
         header_needed = self.session_id is not None and self.start == 0
         from_line = Record.from_line
@@ -213,7 +218,7 @@ class LineScan:
             if not header_needed and not exact:
                 end = buf.rfind(b"\n", i, i + span) + 1
                 if end > i:
-                    run = region_run(buf[i:end], expected)[0]
+                    run = region_run_in(buf, i, end, expected)[0]
                     start = i
                     if end - i > limit and len(run):
                         # Keep the records before the first one over the limit; the exact
@@ -240,6 +245,10 @@ class LineScan:
                     exact = 1  # one line longer than the span
             nl = buf.find(b"\n", i)
             if nl < 0:
+                if ahead is not None:  # the joined line is taken: on with the chunk it ends in
+                    base += len(buf) - ahead_at
+                    buf, i, ahead = ahead, ahead_at, None
+                    continue
                 if len(buf) - i > limit:
                     self._fail(base + i, buf[i:], None, _OVER_LIMIT)
                     return
@@ -251,21 +260,26 @@ class LineScan:
                         raise CorruptLog(f"{self.where}: not a session log: the file is empty",
                                          path=self.where, offset=0)
                     return
+                first = chunk.find(b"\n") if i < len(buf) else -1
+                if first >= 0:
+                    ahead, ahead_at = chunk, first + 1
+                    chunk = chunk[:ahead_at]
                 buf = buf[i:] + chunk
                 base += i
                 i = 0
                 continue
             if nl - i > limit:
-                self._fail(base + i, buf[i:], None, _OVER_LIMIT)
+                self._fail(base + i, self._rest(buf, i, ahead, ahead_at), None, _OVER_LIMIT)
                 return
             line = buf[i:nl]
             try:
                 record = from_line(line)
             except RecordError as exc:
-                self._fail(base + i, buf[i:], False, exc.reason)
+                self._fail(base + i, self._rest(buf, i, ahead, ahead_at), False, exc.reason)
                 return
             if record.seq != expected:
-                self._fail(base + i, buf[i:], True, f"seq {record.seq} where {expected} was expected")
+                self._fail(base + i, self._rest(buf, i, ahead, ahead_at), True,
+                           f"seq {record.seq} where {expected} was expected")
                 return
             if header_needed:
                 check_header(record, self.session_id, self.where)
@@ -279,6 +293,11 @@ class LineScan:
             self.last_ts = record.ts
             self.count += 1
             yield RecordRun.of([record])
+
+    @staticmethod
+    def _rest(buf: bytes, i: int, ahead: bytes | None, ahead_at: int) -> bytes:
+        """The bytes read and not yet taken: ``buf`` from ``i``, then what waits ahead."""
+        return buf[i:] if ahead is None else buf[i:] + ahead[ahead_at:]
 
     def _fail(self, offset: int, pending: bytes, decodes: bool | None, reason: str) -> None:
         """Classify the tail starting at ``offset``; ``pending`` holds its first bytes.

@@ -187,12 +187,147 @@ class PendingCalls:
     def feed_run(self, run: RecordRun) -> None:
         """Account for a run of scanned records (a scanner's :class:`RecordRun`), in
         order: what :meth:`feed` does with each of them, without a Record object per
-        record."""
-        if run.seqs:
-            feed = self._feed_scanned
+        record.
+
+        The rules of :meth:`_feed_scanned`, with its common cases written out in one loop
+        (a method call per record was a fifth of a scan): the memos live in locals (the
+        latest turn text decoded to a string, and likewise the latest step text decoded
+        to an int and the latest call id text), and a record of a type the loop does not
+        spell out goes through :meth:`_feed_scanned` itself."""
+        if not run.seqs:
+            return
+        turns, steps, calls_open, by_id = self._turns, self._steps, self._calls, self._by_id
+        turn_memo, turn_value = self._last_turn_raw, self._last_turn
+        step_memo: Any = None
+        step_value: Any = None
+        id_memo: Any = None
+        id_value: Any = None
+        decode, decode_str, named, key_of = _decode, _decode_str, _named_decoder.decode, _key
+        seq = self.last_seq
+        try:
             for type_, seq, members in zip(run.types, run.seqs, run.members):
-                feed(type_, seq, members)
-            self.last_ts = run.tss[-1]
+                if type_ == TOOL_RESULT or type_ == TOOL_CALL:
+                    if not by_id:
+                        continue  # no call is owed a result: leave the record undecoded
+                    raw = members.get("call_id")
+                    if raw is None:
+                        continue
+                    if raw == id_memo:
+                        calls = by_id.get(id_value)
+                    else:
+                        try:
+                            call_id = decode_str(raw)
+                        except msgspec.ValidationError:  # not a string: names no call
+                            continue
+                        id_memo, id_value = raw, call_id
+                        calls = by_id.get(call_id)
+                    if not calls:
+                        continue
+                    if len(calls) == 1:
+                        call = calls[0]
+                        if call.turn is not None:
+                            raw = members.get("turn")
+                            if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
+                                turn = decode(raw)
+                                if not (turn is None or turn == call.turn or key_of(turn) == key_of(call.turn)):
+                                    continue
+                    else:
+                        call = self._match(_scanned(type_, seq, members))
+                        if call is None:
+                            continue
+                    if type_ == TOOL_CALL:
+                        if call.call_seq is None:
+                            call.call_seq = seq
+                        continue
+                    call.answered = True
+                    del calls_open[call]
+                    if len(calls) == 1:
+                        del by_id[call.call_id]
+                    else:
+                        calls.remove(call)
+                elif type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
+                    turn_raw = raw = members.get("turn")
+                    if raw is not None and raw == turn_memo:
+                        turn = turn_key = turn_value  # a string: its own key
+                    else:
+                        turn = decode(raw) if raw is not None else None
+                        if type(turn) is str:
+                            turn_memo, turn_value = raw, turn
+                        elif turn is None:
+                            turn = next(reversed(turns.values())) if turns else None
+                        turn_key = turn if type(turn) is str else key_of(turn)
+                    raw = members.get("step")
+                    if raw is None:
+                        step = step_key = None
+                    elif raw == step_memo:
+                        step = step_key = step_value  # an int: its own key
+                    else:
+                        step = decode(raw)
+                        if type(step) is int:
+                            step_memo, step_value = raw, step
+                            step_key = step
+                        else:
+                            step_key = key_of(step)
+                    key = (turn_key, step_key)
+                    if type_ == STEP_START:
+                        steps[key] = (turn, step)
+                    elif type_ == STEP_END:
+                        steps.pop(key, None)
+                    else:
+                        if type(step) is int and key not in steps:
+                            steps[key] = (turn, step)
+                        raw = members.get("tool_calls")
+                        if raw is None or raw == _NO_CALLS or raw == _NULL:
+                            continue
+                        try:
+                            requests = named(raw)
+                        except msgspec.ValidationError:
+                            requests = _requests(raw)
+                        if len(requests) == 1:
+                            req = requests[0]
+                            call = PendingCall(req.id, req.name, turn, step, seq, None, False, None, None, turn_raw)
+                            calls_open[call] = None
+                            same = by_id.get(req.id)
+                            if same is None:
+                                by_id[req.id] = [call]
+                            else:
+                                same.append(call)
+                        elif requests:
+                            self.last_seq = seq
+                            self._asked(turn, step, key, turn_raw, requests)
+                elif type_ == TURN_START:
+                    raw = members.get("turn")
+                    turn = None if raw is None else decode(raw)
+                    if type(turn) is str:
+                        turn_memo, turn_value = raw, turn
+                        key = turn
+                    else:
+                        key = key_of(turn)
+                    turns.pop(key, None)  # a turn started again is the latest
+                    turns[key] = turn
+                elif type_ == TURN_END:
+                    raw = members.get("turn")
+                    if raw is not None and raw == turn_memo:
+                        key = turn_value
+                    else:
+                        turn = decode(raw) if raw is not None else None
+                        if type(turn) is str:
+                            turn_memo, turn_value = raw, turn
+                        elif turn is None:
+                            turn = next(reversed(turns.values())) if turns else None
+                        key = turn if type(turn) is str else key_of(turn)
+                    turns.pop(key, None)
+                    if steps:  # a turn's end ends every step of it
+                        for step_key in [k for k in steps if k[0] == key]:
+                            del steps[step_key]
+                elif type_ == TOOL_APPROVAL:
+                    self._last_turn_raw, self._last_turn = turn_memo, turn_value
+                    self._feed_scanned(type_, seq, members)
+                    turn_memo, turn_value = self._last_turn_raw, self._last_turn
+        finally:
+            self.last_seq = seq
+            self._last_turn_raw, self._last_turn = turn_memo, turn_value
+        self.last_ts = run.tss[-1]
 
     def _feed_scanned(self, type_: str, seq: int, members: dict[str, Any]) -> PendingCall | None:
         """:meth:`feed` for a scanned record, given as its type, seq and members (name ->
@@ -451,12 +586,24 @@ class _Requested(msgspec.Struct, gc=False):
     name: Any = None
 
 
+class _Named(msgspec.Struct, gc=False):
+    """An entry of ``tool_calls`` as runtimes write them: a string ``id`` and ``name``."""
+
+    id: str
+    name: str
+
+
 _requests_decoder = msgspec.json.Decoder(list[_Requested])
+_named_decoder = msgspec.json.Decoder(list[_Named])
 
 
 def _requests(raw: msgspec.Raw) -> list[Any]:
     """The calls a ``tool_calls`` member (JSON text) asks for, as :func:`requested_calls`
     reads them: entries with a string ``id``, a ``name`` ("" when not a string)."""
+    try:
+        return _named_decoder.decode(raw)  # every entry as requested_calls keeps it
+    except msgspec.ValidationError:
+        pass
     try:
         requests = _requests_decoder.decode(raw)
     except msgspec.ValidationError:  # not a list of objects: the general rule

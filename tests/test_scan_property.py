@@ -223,6 +223,11 @@ def _adversarial(seq: int, kind: str) -> bytes:
         + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
         "spread-depth-129": line[:-1] + b',"d":' + b'{"k":[' * 64 + b"1" + b"]}" * 64 + b"}",
         "spread-depth-128": line[:-1] + b',"d":' + b'{"k":[' * 63 + b'{"k":1}' + b"]}" * 63 + b"}",
+        # Brackets inside a string are no nesting, whatever their number; beside a value
+        # nested too deep they do not hide it.
+        "brackets-in-string": line[:-1] + b',"o":"' + b"[{" * 200 + b'"}',
+        "brackets-in-string-deep": line[:-1] + b',"o":"' + b"[{" * 200 + b'","d":' + b'{"k":[' * 64 + b"1"
+        + b"]}" * 64 + b"}",
         "escaped-key": line.replace(b'"output"', b'"\\u006futput"'),
         "escaped-envelope-key": line.replace(b'"ts"', b'"t\\u0073"'),
         "non-ascii-key": line.replace(b'"output"', b'"\xc3\xb6utput"'),
@@ -235,7 +240,8 @@ ADVERSARIAL = ["spaced", "crlf", "cr-inside", "leading-blank", "nested-repeat", 
                "invalid-utf8", "blank", "garbage", "seq-repeat", "seq-gap", "ts-string", "type-empty",
                "type-number", "type-missing", "seq-missing", "seq-float", "seq-bool", "ts-bool", "ts-int",
                "ts-overflow", "envelope-last", "envelope-repeat", "newline-in-member", "newline-ends-member",
-               "many-openers", "many-openers-deep", "spread-depth-129", "spread-depth-128", "escaped-key",
+               "many-openers", "many-openers-deep", "spread-depth-129", "spread-depth-128", "brackets-in-string",
+               "brackets-in-string-deep", "escaped-key",
                "escaped-envelope-key", "non-ascii-key", "nul-in-string"]
 
 
@@ -308,3 +314,65 @@ def test_fast_path_accepts_exactly_what_the_exact_rules_accept(n, all_spaced, od
     taken, whole = region_records(body, 2)
     assert [r.raw for r in taken] == expected[1:len(taken) + 1]
     assert whole == (len(taken) == body.count(b"\n"))
+
+
+def _adversarial_log(n: int, all_spaced: bool, odd: list[tuple[int, str]]) -> bytes:
+    lines = [_HEADER] + [_record(seq, all_spaced) for seq in range(2, n + 1)]
+    for seq, kind in odd:
+        if seq <= n:
+            lines[seq - 1] = _adversarial(seq, kind)
+    return b"\n".join(lines) + b"\n"
+
+
+@SETTINGS
+@given(n=st.integers(2, 1500), all_spaced=st.booleans(),
+       odd=st.lists(st.tuples(st.integers(2, 1500), st.sampled_from(ADVERSARIAL)), max_size=4),
+       piece=st.sampled_from([1, 2, 7, 100, 777, 4096, 70_000]))
+def test_the_prefix_does_not_depend_on_how_the_log_is_read(n, all_spaced, odd, piece):
+    """Reads of any size: a line cut by a read is joined with its end alone and the rest
+    of that read is decoded where it lies; the records, the stable offset and the damage
+    are those of the exact rules."""
+    from sessionlog.scan import LineScan
+
+    data = _adversarial_log(n, all_spaced, odd)
+    pos = 0
+
+    def read(size: int) -> bytes:
+        nonlocal pos
+        chunk = data[pos:pos + min(size, piece)]
+        pos += len(chunk)
+        return chunk
+
+    scanner = LineScan(read, session_id="s", where="<bytes>")
+    lines = [line for run in scanner.runs() for line in run.lines()]
+    expected, end = exact_prefix(data)
+    assert lines == expected and scanner.stable_offset == end
+    assert scanner.damage == scan_bytes(data, session_id="s")[2]
+
+
+@SETTINGS
+@given(n=st.integers(2, 600), all_spaced=st.booleans(),
+       odd=st.lists(st.tuples(st.integers(2, 600), st.sampled_from(ADVERSARIAL)), max_size=4),
+       data=st.data())
+def test_a_region_decoded_in_place_is_the_region_decoded_alone(n, all_spaced, odd, data):
+    """region_run_in(buf, start, end) (the members decoded where they lie in a read) gives
+    what region_run gives for the region's own bytes: the same records, members and
+    envelopes, and the same answer to "is that every line"."""
+    from sessionlog.events import region_run, region_run_in
+
+    log = _adversarial_log(n, all_spaced, odd)
+    starts = [0] + [i + 1 for i in range(len(log)) if log[i] == 10]
+    first = data.draw(st.integers(0, len(starts) - 2))
+    last = data.draw(st.integers(first + 1, len(starts) - 1))
+    start, end = starts[first], starts[last]
+    buf = data.draw(st.sampled_from([b"", b"x", b'"}\n{'])) + log
+    shift = len(buf) - len(log)
+    seq = data.draw(st.sampled_from([first + 1, first + 2, 1]))
+    run, whole = region_run_in(buf, start + shift, end + shift, seq)
+    alone, alone_whole = region_run(log[start:end], seq)
+    assert whole == alone_whole
+    assert (run.data, run.lines(), run.seqs, run.tss, run.types) == (
+        alone.data, alone.lines(), alone.seqs, alone.tss, alone.types)
+    assert [{k: bytes(v) for k, v in m.items()} for m in run.members] == [
+        {k: bytes(v) for k, v in m.items()} for m in alone.members]
+    assert [r.raw for r in run.records()] == [r.raw for r in alone.records()]
