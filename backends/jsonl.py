@@ -24,7 +24,8 @@ class JsonlFraming:
     atomic_batches = False
 
     def encode(self, lines: Sequence[bytes]) -> bytes:
-        return b"\n".join(lines) + b"\n"
+        # One join makes the batch, its last newline too (not a join, then a copy to add it).
+        return b"\n".join([*lines, b""]) if lines else b"\n"
 
     def encode_block(self, block: bytes) -> bytes:
         """The bytes appended for a batch already encoded as JSONL (each record line

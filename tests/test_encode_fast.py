@@ -223,6 +223,12 @@ def test_fast_path_is_the_exact_path_near_the_record_limit(batch: list[Any], lim
 @example(one={"type": "x", "v": "y" * 30}, limit=40)
 @example(one=type("Sub", (dict,), {})({"type": "x"}), limit=1 << 16)
 @example(one=UserDict({"type": "x"}), limit=1 << 16)
+@example(one={"type": "x", "v": "y" * 70_000}, limit=1 << 16)
+@example(one={"type": "x", "v": (1, "a", None), "w": [True, 1, 1.0], "d": {"k": (False,)}}, limit=1 << 16)
+@example(one={"type": "x", "v": [{1: "a", "1": "b"}]}, limit=1 << 16)
+@example(one={"type": "x", "v": [msgspec.Raw(b"[1]")]}, limit=1 << 16)
+@example(one={"type": "x", "v": [Text("y")], "w": {"k": Number(2)}}, limit=1 << 16)
+@example(one={"type": "x", "v": [frozenset({1})]}, limit=1 << 16)
 def test_one_event_batch_is_the_exact_path(one: Any, limit: int) -> None:
     # A batch of one event (the most common append) has a path of its own in encode_block.
     check([one], limit)
@@ -246,6 +252,16 @@ def test_one_event_batch_nested_from_a_deep_caller_stack(depth: int) -> None:
     else:
         assert block == exact
     check(batch)
+
+
+def test_a_ts_on_any_event_of_a_batch() -> None:
+    # The batch's first event decides which check runs first; a ts anywhere is found.
+    plain = {"type": "t", "v": 1}
+    own = {"type": "t", "v": 2, "ts": 5}
+    for batch in ([plain, own], [own, plain], [plain, plain, own], [own, own],
+                  [plain, {"type": "t", "ts": None}], [plain, {"type": "t", "ts": float("nan")}],
+                  [own, {"type": "t", "seq": 3}], [plain, {"type": "t", "ts": True}]):
+        check(batch)
 
 
 def test_one_event_batch_at_the_record_limit() -> None:
