@@ -51,10 +51,12 @@ def _key(value: Any) -> Any:
 _UNSET: Any = object()
 
 
-@dataclass(slots=True, eq=False)
-class PendingCall:
+class PendingCall(msgspec.Struct, eq=False):
     """A call an ``assistant/message`` asked for (``assistant_seq``: that message's seq),
-    in its ``turn`` and ``step``."""
+    in its ``turn`` and ``step``.
+
+    Compared and hashed by identity. A C-level struct: a scan builds one per call asked
+    for, and a dataclass's ``__init__`` costs twice as much."""
 
     call_id: str
     name: str
