@@ -692,8 +692,6 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
         raise RecordError(f"event nested deeper than {MAX_DEPTH}") from None
     except (TypeError, msgspec.EncodeError, OverflowError, ValueError) as exc:
         raise RecordError(f"event is not JSON-serializable: {exc}") from None
-    if not _finite_values(body.values()):
-        raise RecordError(_NOT_FINITE)
     if not _SCALARS.issuperset(map(type, body.values())):
         # Containers can nest too deep, and a msgspec.Raw is copied verbatim: read it back.
         if b"\n" in line or b"\r" in line:
@@ -707,47 +705,6 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _STR = frozenset({str})
 _INT = frozenset({int})
-_is_float = frozenset({float}).__contains__
-_FLOATLESS = frozenset({str, int, bool, type(None)})
-_is_floatless = _FLOATLESS.__contains__
-
-_NOT_FINITE = ("a number is NaN or infinite: JSON has no such number (the encoder would write "
-               "null), and an event's members are kept verbatim")
-
-
-def _finite_floats(values: Sequence[Any]) -> bool:
-    """True when no value of ``values`` (one level: containers are not looked into) is a
-    float that is NaN or infinite. Their sum is finite when each is (NaN and infinities
-    carry through a sum); only a sum that overflows is checked value by value."""
-    floats = list(compress(values, map(_is_float, map(type, values))))
-    return not floats or math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
-
-
-def _finite_values(values: Any) -> bool:
-    """True when no float anywhere in ``values`` (nested in dicts, lists, tuples, or
-    anything else the encoder writes, seen through ``msgspec.to_builtins``) is NaN or
-    infinite. Walked level by level in C, as :func:`_plain` walks."""
-    level = list(values)
-    while level:
-        if not _finite_floats(level):
-            return False
-        containers = list(compress(level, map(not_, map(_is_scalar, map(type, level)))))
-        if not containers:
-            return True
-        if not _DICT_OR_SEQUENCE.issuperset(map(type, containers)):
-            try:
-                containers = msgspec.to_builtins(containers, enc_hook=_keep)
-            except (TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
-                return True  # not encodable: the encoder refuses it with its own reason
-            if not _finite_floats(containers):
-                return False
-            containers = [c for c in containers if type(c) in _DICT_OR_SEQUENCE]
-        level = _members_of(containers)
-    return True
-
-
-def _keep(value: object) -> object:
-    return None  # what to_builtins cannot convert (a msgspec.Raw...) holds no float to check
 
 
 def _finite(number: int | float) -> bool:
@@ -919,10 +876,7 @@ def _encode_fast(
     if not events:
         return encode([])
     shared_ts = _encoder.encode(when)
-    members = _members_of(events)
-    plain = _plain(members)
-    if plain is None:
-        return None  # a float is NaN or infinite: the exact path names the event
+    plain = _SCALARS.issuperset(map(type, _members_of(events))) or _plain(events)
     if plain and not own_ts:
         spliced = _spliced(events, seqs, shared_ts, encode is _LINES)
         if spliced is not None:
@@ -940,8 +894,6 @@ def _encode_fast(
     # what the encoder writes itself, not too deep.
     if plain:
         return encoded
-    if not _finite_values(members):
-        return None  # the exact path names the event
     if not _STR.issuperset(map(type, map(dict.get, events, repeat("type")))):
         return None  # a str subclass as type: the exact path refuses it
     if encode is _LINES:
@@ -1013,8 +965,8 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
 def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
     """The record of a batch of one ``event`` as :func:`_encode_fast` writes it (a block:
     one line and its newline), or None when the event is not one this path takes: a plain
-    ``dict`` (see :func:`_plain`; no float NaN or infinite) with exact ``str`` keys, a
-    non-empty ``str`` type as its first member, and neither ``ts`` nor ``seq``.
+    ``dict`` (see :func:`_plain`) with exact ``str`` keys, a non-empty ``str`` type as its
+    first member, and neither ``ts`` nor ``seq``.
 
     Such an event is a record by construction (see :func:`_encode_fast`); the checks are
     those of :class:`_Fresh` and :func:`_plain`, made on the one dict without building
@@ -1023,7 +975,7 @@ def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
         return None
     type_ = event.get("type")
     if (type(type_) is not str or not type_ or not _STR.issuperset(map(type, event))
-            or _plain(_members_of([event])) is not True):
+            or not (_SCALARS.issuperset(map(type, event.values())) or _plain([event]))):
         return None
     try:
         body = _encoder.encode(event)
@@ -1034,36 +986,25 @@ def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
     return b'{"seq":%d,"ts":%b,%b\n' % (seq, _encoder.encode(when), body[1:])
 
 
-def _plain(members: list[Any]) -> bool | None:
-    """True when each of ``members`` (the events' members, depth 2 in their records) is
-    a JSON scalar (exactly str, int, float, bool or None), or a dict, list or tuple of
-    such values, nested at most ``MAX_DEPTH`` deep in all: what the encoder writes
-    itself, byte by byte, as one compact line. None when a float among them (at any
-    depth this walk reaches) is NaN or infinite: the batch is refused. False otherwise
-    (a ``msgspec.Raw``, a subclass, any other type, or too deep): the caller proves such
-    a batch another way.
+def _plain(events: Sequence[dict[str, Any]]) -> bool:
+    """True when each member of ``events`` (depth 2 in its record) is a JSON scalar
+    (exactly str, int, float, bool or None), or a dict, list or tuple of such values,
+    nested at most ``MAX_DEPTH`` deep in all: what the encoder writes itself, byte by
+    byte, as one compact line. False otherwise (a ``msgspec.Raw``, a subclass, any
+    other type, or too deep): the caller proves such a batch another way.
 
-    Walks the containers level by level; the scalars of each level other than floats
-    are passed over by C-level filters, and the floats are summed."""
-    if _FLOATLESS.issuperset(map(type, members)):
-        return True  # flat events: one C-level pass
-    values = members
+    Walks the containers level by level; the scalars of each level are passed over by
+    C-level filters."""
+    values = _members_of(events)
     depth = 1
     while True:
-        others = list(compress(values, map(not_, map(_is_floatless, map(type, values)))))
-        if not others:
+        containers = list(compress(values, map(not_, map(_is_scalar, map(type, values)))))
+        if not containers:
             return True
-        kinds = list(map(type, others))
-        if float in kinds:
-            if not _finite_floats(others):
-                return None
-            others = list(compress(others, map(not_, map(_is_float, kinds))))
-            if not others:
-                return True
         depth += 1
-        if depth > MAX_DEPTH or not _DICT_OR_SEQUENCE.issuperset(map(type, others)):
+        if depth > MAX_DEPTH or not _DICT_OR_SEQUENCE.issuperset(map(type, containers)):
             return False
-        values = _members_of(others)
+        values = _members_of(containers)
 
 
 _DICT_OR_SEQUENCE = _DICT | _SEQUENCES

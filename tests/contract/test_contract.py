@@ -123,10 +123,7 @@ def test_good_session_ids(store):
 @pytest.mark.parametrize(
     "event",
     [{"no": "type"}, {"type": ""}, {"type": 5}, {"type": "x", "seq": 3}, {"type": "x", "v": object()},
-     {"type": "x", "ts": "yesterday"}, {"type": "x", "ts": float("nan")},
-     # JSON has no NaN or infinity (an encoder writes null): members are kept verbatim or refused
-     {"type": "x", "v": float("nan")}, {"type": "x", "v": float("-inf")},
-     {"type": "x", "v": [1.5, {"deep": [float("inf")]}]}, {"type": "x", "v": (1e308, float("nan"))}],
+     {"type": "x", "ts": "yesterday"}, {"type": "x", "ts": float("nan")}],
 )
 def test_invalid_events_refused_and_nothing_written(store, event):
     store.create("s1")
