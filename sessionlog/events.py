@@ -866,12 +866,12 @@ def _encode_fast(
     if not own_ts:
         try:
             msgspec.convert(events, _FRESH_WITHOUT_TS)
-        except (msgspec.ValidationError, OverflowError, TypeError):
+        except (ValueError, OverflowError, TypeError):  # ValidationError; a str msgspec cannot encode
             own_ts = True  # if _Fresh passes: the only difference between the two
     if own_ts:
         try:
             msgspec.convert(events, _FRESH)
-        except (msgspec.ValidationError, OverflowError, TypeError):
+        except (ValueError, OverflowError, TypeError):  # ValidationError; a str msgspec cannot encode
             return None
     if not events:
         return encode([])

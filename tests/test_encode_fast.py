@@ -180,6 +180,7 @@ def check(batch: list[Any], record_limit: int = 1 << 16) -> None:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(batch=batches)
 @example(batch=[{"type": "x", "ts": float("nan")}])
+@example(batch=[{"type": "user/message", "ts": "\ud800"}])  # msgspec.convert raised UnicodeEncodeError
 @example(batch=[{"type": "x", "v": float("nan")}])
 @example(batch=[{"type": "x"}, {"type": "x", "v": [{"a": (1.0, float("-inf"))}]}])
 @example(batch=[{"type": "x", "v": Real(float("inf"))}])
