@@ -311,12 +311,8 @@ class PendingCalls:
                     raw = members.get("turn")
                     if raw is not None and raw == turn_memo:
                         key = turn_value
-                    else:
-                        turn = decode(raw) if raw is not None else None
-                        if type(turn) is str:
-                            turn_memo, turn_value = raw, turn
-                        elif turn is None:
-                            turn = next(reversed(turns.values())) if turns else None
+                    else:  # once per turn: the method's own memo serves
+                        turn = self._turn_text(raw)
                         key = turn if type(turn) is str else key_of(turn)
                     turns.pop(key, None)
                     if steps:  # a turn's end ends every step of it
