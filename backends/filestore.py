@@ -223,15 +223,6 @@ class FileSession:
     def _remember(self, st: os.stat_result) -> None:
         self.store._tails[self.session_id] = (_identity(st), self._last_seq, self._last_ts)
 
-    def _reopen(self) -> None:
-        """Under the lock, when another process (or compact) moved the file: open what
-        the path names now and validate its tail."""
-        self._close_fd()
-        try:
-            self._open()
-        except OSError as exc:  # pragma: no cover - _open names its own failures
-            raise _io_error(exc, self.path, "stat") from exc
-
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -268,7 +259,10 @@ class FileSession:
             except OSError as exc:
                 raise _io_error(exc, self.path, "stat") from exc
             if st.st_ino != self._ino or st.st_size != self._end:
-                self._reopen()  # another process, or compact, moved it
+                # Another process, or compact, moved it: open what the path names now
+                # and validate its tail.
+                self._close_fd()
+                self._open()
             if expect_seq is not None and expect_seq != self._last_seq:
                 raise SequenceConflict(
                     f"{self.path}: expected last seq {expect_seq}, found {self._last_seq}",
@@ -660,19 +654,17 @@ class FileStore:
         A second repair appends nothing. ``dry_run`` reports without writing (and
         without taking the lock)."""
         self.check_id(session_id)
-        if dry_run:
-            if self._owned(session_id):
+        if dry_run or not self._lock_exists(session_id):
+            # A dry run takes no lock. Without a lock file nobody owns the session (a writer
+            # makes the file first) and taking the lock would create it: a repair with
+            # nothing to write (clean, refused, no such session) answers from this scan
+            # and leaves the directory as it was.
+            if dry_run and self._owned(session_id):
                 return RepairReport(session_id, self.path_of(session_id), "refused",
                                     reason="a writer owns the session")
-            return self._repair_plan(self._scan(session_id, owned=False), force=force,
-                                     expire_approvals=expire_approvals)
-        if not self._lock_exists(session_id):
-            # Taking the lock would create its file. Nobody owns the session (a writer
-            # makes the file first): a repair with nothing to write (clean, refused, no
-            # such session) answers from this scan and leaves the directory as it was.
             report = self._repair_plan(self._scan(session_id, owned=False), force=force,
                                        expire_approvals=expire_approvals)
-            if report.status != "repaired":
+            if dry_run or report.status != "repaired":
                 return report
         lock = self.take_lock(session_id, 0.0)
         try:

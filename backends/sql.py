@@ -992,20 +992,21 @@ class SqlStore:
         second repair appends nothing. ``dry_run`` reports without writing or locking."""
         self._check_id(session_id)
         with self._errors("repair"):
-            if dry_run:
-                if self.kind.owned(session_id):
+            owner = None
+            if not dry_run:
+                self._check_writable("repair (without dry_run)")
+                owner = self.kind.ownership(session_id)
+            if owner is None or owner.creates_on_acquire():
+                # A dry run takes no lock. While SQLite's lock file does not exist yet,
+                # nobody owns the session and taking the lock would create it: a repair
+                # with nothing to write answers from this scan and creates nothing.
+                if owner is None and self.kind.owned(session_id):
                     return RepairReport(session_id, None, "refused", reason="a writer owns the session")
                 scan, tail = self._scan(session_id, owned=False)
-                return self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
-            self._check_writable("repair (without dry_run)")
-            owner = self.kind.ownership(session_id)
-            if owner.creates_on_acquire():
-                # SQLite's lock file does not exist yet, so nobody owns the session: a
-                # repair with nothing to write answers from this scan and creates nothing.
-                scan, tail = self._scan(session_id, owned=False)
                 report = self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
-                if report.status != "repaired":
+                if owner is None or report.status != "repaired":
                     return report
+            assert owner is not None
             owner.acquire(0.0)
             try:
                 with self._connect() as conn:

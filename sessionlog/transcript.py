@@ -198,7 +198,7 @@ class PendingCalls:
         spell out goes through :meth:`_feed_scanned` itself."""
         if not run.seqs:
             return
-        turns, steps, calls_open, by_id = self._turns, self._steps, self._calls, self._by_id
+        turns, steps, by_id = self._turns, self._steps, self._by_id
         turn_memo, turn_value = self._last_turn_raw, self._last_turn
         step_memo: Any = None
         step_value: Any = None
@@ -237,16 +237,7 @@ class PendingCalls:
                         call = self._match(_scanned(type_, seq, members))
                         if call is None:
                             continue
-                    if type_ == TOOL_CALL:
-                        if call.call_seq is None:
-                            call.call_seq = seq
-                        continue
-                    call.answered = True
-                    del calls_open[call]
-                    if len(calls) == 1:
-                        del by_id[call.call_id]
-                    else:
-                        calls.remove(call)
+                    self._settle(call, type_ == TOOL_RESULT, seq)
                 elif type_ == STEP_START or type_ == STEP_END or type_ == ASSISTANT_MESSAGE:
                     turn_raw = raw = members.get("turn")
                     if raw is not None and raw == turn_memo:
@@ -276,27 +267,16 @@ class PendingCalls:
                     elif type_ == STEP_END:
                         steps.pop(key, None)
                     else:
-                        if type(step) is int and key not in steps:
-                            steps[key] = (turn, step)
                         raw = members.get("tool_calls")
                         if raw is None or raw == _NO_CALLS or raw == _NULL:
-                            continue
-                        try:
-                            requests = named(raw)
-                        except msgspec.ValidationError:
-                            requests = _requests(raw)
-                        if len(requests) == 1:
-                            req = requests[0]
-                            call = PendingCall(req.id, req.name, turn, step, seq, None, False, None, None, turn_raw)
-                            calls_open[call] = None
-                            same = by_id.get(req.id)
-                            if same is None:
-                                by_id[req.id] = [call]
-                            else:
-                                same.append(call)
-                        elif requests:
-                            self.last_seq = seq
-                            self._asked(turn, step, key, turn_raw, requests)
+                            requests = []
+                        else:
+                            try:
+                                requests = named(raw)
+                            except msgspec.ValidationError:
+                                requests = _requests(raw)
+                        self.last_seq = seq
+                        self._asked(turn, step, key, turn_raw, requests)
                 elif type_ == TURN_START:
                     raw = members.get("turn")
                     turn = None if raw is None else decode(raw)
