@@ -98,14 +98,37 @@ def _case(case_id: str, group: str, label: str, batch: list[Any], unit: str) -> 
     return Case(case_id, group, label, op, unit=unit, meta={"events": len(batch), "bytes": nbytes})
 
 
+def floor_id(what: str) -> str:
+    """msgspec alone encoding the same batch: the floor under ``encode_id(what)``."""
+    return f"encode/msgspec-{what}"
+
+
+def _floor_case(what: str, batch: list[dict[str, Any]]) -> Case:
+    """``msgspec.json.Encoder().encode_lines`` of the same events, nothing else: no
+    envelope, no checks. What any encoder of these events pays on this machine, so the
+    per-event figures above can be read against the CPU they ran on."""
+    encoder = msgspec.json.Encoder()
+    nbytes = len(encoder.encode_lines(batch))
+
+    def op() -> Work:
+        encoder.encode_lines(batch)
+        return len(batch), nbytes
+
+    return Case(floor_id(what), "encode", f"msgspec encode_lines alone, the same {BATCH} {what} events", op,
+                unit="events/s", meta={"events": len(batch), "bytes": nbytes})
+
+
 def encode_cases() -> list[Case]:
-    """The reference batches (events/s and bytes/s of the transcript one), one case per
-    :data:`SHAPES` entry and one per :data:`SCALED` entry (bytes/s)."""
+    """The reference batches (events/s and bytes/s of the transcript one) with msgspec's
+    own encoding of each as its floor, one case per :data:`SHAPES` entry and one per
+    :data:`SCALED` entry (bytes/s)."""
     flat, transcript = flat_batch(), transcript_batch()
     cases = [
         _case(encode_id("flat"), "encode", f"encode_batch of {BATCH} flat events (scalars)", flat, "events/s"),
+        _floor_case("flat", flat),
         _case(encode_id("transcript"), "encode", f"encode_batch of {BATCH} transcript events", transcript,
               "events/s"),
+        _floor_case("transcript", transcript),
         _case(shape_id("transcript"), "encode-shape", f"encode_batch of {BATCH} transcript events (bytes)",
               transcript, "bytes/s"),
     ]

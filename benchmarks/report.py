@@ -40,6 +40,8 @@ def reference_of(rid: str, row: dict[str, Any]) -> str | None:
         return "scan/msgspec-baseline"
     if group == "scan-shape" and rid != "scan-shape/compact":
         return "scan-shape/compact"
+    if group == "encode" and rid in ("encode/flat", "encode/transcript"):
+        return "encode/msgspec-" + rid.rsplit("/", 1)[1]  # msgspec alone, the same events
     if group == "encode-shape" and rid != "encode-shape/transcript":
         return "encode-shape/transcript"
     if group == "encode-scale" and rid.endswith("-4x"):

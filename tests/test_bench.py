@@ -73,6 +73,14 @@ def _check_document(doc: dict[str, Any]) -> None:
     ids = {t["id"] for t in doc["targets"]}
     assert {"jsonl-append-1", "jsonl-append-64", "jsonl-append-1024", "jsonl-scan", "scan-memory",
             "show-memory"} <= ids
+    # The absolute µs-per-event encode bars come with msgspec's own encoding of the same
+    # events on the same CPU: the encoder's overhead as a ratio any machine can read.
+    by_id = {t["id"]: t for t in doc["targets"]}
+    for what in ("flat", "transcript"):
+        _positive(results[f"encode/msgspec-{what}"])
+        floor = by_id[f"encode-{what}-floor"]
+        assert floor["verdict"] == "INFO" and 0 < floor["ratio"] == pytest.approx(
+            results[f"encode/{what}"]["median"] / results[f"encode/msgspec-{what}"]["median"])
     memory = doc["memory"]
     assert memory["exit_code"] == 0 and memory["status"] == "clean"
     assert memory["scanned_records"] == memory["log_records"] > 1
