@@ -826,7 +826,6 @@ _FRESH_WITHOUT_TS = list[_FreshWithoutTs]
 _DICT = frozenset({dict})
 _SEQUENCES = frozenset({list, tuple})
 _type_of = attrgetter("type")
-_is_scalar = _SCALARS.__contains__
 
 
 def _encode_lines_each(bodies: list[dict[str, Any]]) -> list[bytes]:
@@ -876,7 +875,7 @@ def _encode_fast(
     if not events:
         return encode([])
     shared_ts = _encoder.encode(when)
-    plain = _SCALARS.issuperset(map(type, _members_of(events))) or _plain(events)
+    plain = _plain(events)
     if plain and not own_ts:
         spliced = _spliced(events, seqs, shared_ts, encode is _LINES)
         if spliced is not None:
@@ -993,32 +992,37 @@ def _plain(events: Sequence[dict[str, Any]]) -> bool:
     byte, as one compact line. False otherwise (a ``msgspec.Raw``, a subclass, any
     other type, or too deep): the caller proves such a batch another way.
 
-    Walks the containers level by level; the scalars of each level are passed over by
-    C-level filters."""
+    Walks the values level by level, a few C calls a level: are they all scalars (the
+    last level; the search stops at the first container otherwise), the set of their
+    types (each one of the plain types), and the values of the next level,
+    :func:`_members_of` all of them at once (the scalars, not containers the collector
+    tracks, give none)."""
     values = _members_of(events)
-    depth = 1
+    depth = 2  # of the values in ``values``: a container among them makes the record this deep
     while True:
-        containers = list(compress(values, map(not_, map(_is_scalar, map(type, values)))))
-        if not containers:
+        if _SCALARS.issuperset(map(type, values)):  # stops at the first container: cheap either way
             return True
-        depth += 1
-        if depth > MAX_DEPTH or not _DICT_OR_SEQUENCE.issuperset(map(type, containers)):
+        kinds = set(map(type, values))
+        if depth > MAX_DEPTH or not _PLAIN_KINDS.issuperset(kinds):
             return False
-        values = _members_of(containers)
+        values = _members_of(values)
+        depth += 1
 
 
 _DICT_OR_SEQUENCE = _DICT | _SEQUENCES
+_PLAIN_KINDS = _SCALARS | _DICT_OR_SEQUENCE
 
 
-def _members_of(containers: Sequence[Any]) -> list[Any]:
-    """Every value held by ``containers`` (exactly dicts, lists and tuples), in one C call.
+def _members_of(values: Sequence[Any]) -> list[Any]:
+    """Every value held by the containers among ``values``, in one C call.
 
-    ``gc.get_referents`` asks each container's traverse function for what it refers to:
+    ``gc.get_referents`` asks each object the collector tracks for what it refers to:
     for a list or a tuple its items, for a dict its values (and its keys when they are not
-    all strings). The collector must reach every value to find cycles through it, so none
-    is left out; a key that comes along is a str or another hashable scalar, which only
-    adds a value to check. Twice as fast as chaining ``dict.values``."""
-    return gc.get_referents(*containers)
+    all strings); JSON scalars (str, int, float, bool, None) are not such objects and give
+    nothing. The collector must reach every value to find cycles through it, so none is
+    left out; a key that comes along is a str or another hashable scalar, which only adds
+    a value to check. Twice as fast as chaining ``dict.values``."""
+    return gc.get_referents(*values)
 
 
 class _Verbatim(Exception):
