@@ -726,7 +726,17 @@ def encode_records(
     naming the first event at fault (not an event, no type, ``seq`` set, not
     serializable, too deep, a ``msgspec.Raw`` that is not one line of JSON, longer than
     ``record_limit`` bytes); never RecursionError."""
-    return encode_records_at(events, range(first_seq, first_seq + len(events)), record_limit=record_limit, now=now)
+    return encode_records_sized(events, first_seq, record_limit=record_limit, now=now)[0]
+
+
+def encode_records_sized(
+    events: Sequence[Mapping[str, Any]], first_seq: int, *, record_limit: int, now: float | None = None
+) -> tuple[list[bytes], int]:
+    """:func:`encode_records` with the batch's size in bytes: its lines and a newline
+    each (what a batch limit bounds), measured once with the record limit's check."""
+    found = _records_at(events, range(first_seq, first_seq + len(events)), record_limit, now, False)
+    assert found is not None  # only fast_only declines
+    return found
 
 
 @overload
@@ -749,6 +759,16 @@ def encode_records_at(
     at fault is named by its position in ``events``). With ``fast_only``, None instead
     when the batch does not take the one-call fast path or would be refused: the caller
     then encodes it another way. Raises ValueError for ``seqs`` that are not that."""
+    found = _records_at(events, seqs, record_limit, now, fast_only)
+    return None if found is None else found[0]
+
+
+def _records_at(
+    events: Sequence[Mapping[str, Any]], seqs: Sequence[int], record_limit: int, now: float | None,
+    fast_only: bool,
+) -> tuple[list[bytes], int] | None:
+    """:func:`encode_records_at` with the batch size of its lines (see
+    :func:`encode_records_sized`)."""
     when = time.time() if now is None else now
     if len(seqs) != len(events):
         raise ValueError(f"{len(events)} events but {len(seqs)} seqs")
@@ -757,16 +777,19 @@ def encode_records_at(
     if len(events) == 1:  # the most common append
         block = _one_block(events[0], seqs[0], when)
         if block is not None and len(block) <= record_limit + 1:
-            return [block[:-1]]
+            return [block[:-1]], len(block)
     try:
         lines = _encode_fast(events, seqs, when, _LINES)
         if lines is not None:
-            return _checked(lines, record_limit, nested=False)
+            return lines, _checked_size(lines, record_limit)
     except RecordError:
         if fast_only:
             return None
         raise
-    return None if fast_only else _encode_each(events, seqs, when, record_limit)
+    if fast_only:
+        return None
+    lines = _encode_each(events, seqs, when, record_limit)
+    return lines, sum(map(len, lines)) + len(lines)
 
 
 def encode_block(
@@ -826,7 +849,6 @@ _FRESH_WITHOUT_TS = list[_FreshWithoutTs]
 _DICT = frozenset({dict})
 _SEQUENCES = frozenset({list, tuple})
 _type_of = attrgetter("type")
-_is_scalar = _SCALARS.__contains__
 
 
 def _encode_lines_each(bodies: list[dict[str, Any]]) -> list[bytes]:
@@ -876,7 +898,7 @@ def _encode_fast(
     if not events:
         return encode([])
     shared_ts = _encoder.encode(when)
-    plain = _SCALARS.issuperset(map(type, _members_of(events))) or _plain(events)
+    plain = _plain(events)
     if plain and not own_ts:
         spliced = _spliced(events, seqs, shared_ts, encode is _LINES)
         if spliced is not None:
@@ -993,32 +1015,37 @@ def _plain(events: Sequence[dict[str, Any]]) -> bool:
     byte, as one compact line. False otherwise (a ``msgspec.Raw``, a subclass, any
     other type, or too deep): the caller proves such a batch another way.
 
-    Walks the containers level by level; the scalars of each level are passed over by
-    C-level filters."""
+    Walks the values level by level, a few C calls a level: are they all scalars (the
+    last level; the search stops at the first container otherwise), the set of their
+    types (each one of the plain types), and the values of the next level,
+    :func:`_members_of` all of them at once (the scalars, not containers the collector
+    tracks, give none)."""
     values = _members_of(events)
-    depth = 1
+    depth = 2  # of the values in ``values``: a container among them makes the record this deep
     while True:
-        containers = list(compress(values, map(not_, map(_is_scalar, map(type, values)))))
-        if not containers:
+        if _SCALARS.issuperset(map(type, values)):  # stops at the first container: cheap either way
             return True
-        depth += 1
-        if depth > MAX_DEPTH or not _DICT_OR_SEQUENCE.issuperset(map(type, containers)):
+        kinds = set(map(type, values))
+        if depth > MAX_DEPTH or not _PLAIN_KINDS.issuperset(kinds):
             return False
-        values = _members_of(containers)
+        values = _members_of(values)
+        depth += 1
 
 
 _DICT_OR_SEQUENCE = _DICT | _SEQUENCES
+_PLAIN_KINDS = _SCALARS | _DICT_OR_SEQUENCE
 
 
-def _members_of(containers: Sequence[Any]) -> list[Any]:
-    """Every value held by ``containers`` (exactly dicts, lists and tuples), in one C call.
+def _members_of(values: Sequence[Any]) -> list[Any]:
+    """Every value held by the containers among ``values``, in one C call.
 
-    ``gc.get_referents`` asks each container's traverse function for what it refers to:
+    ``gc.get_referents`` asks each object the collector tracks for what it refers to:
     for a list or a tuple its items, for a dict its values (and its keys when they are not
-    all strings). The collector must reach every value to find cycles through it, so none
-    is left out; a key that comes along is a str or another hashable scalar, which only
-    adds a value to check. Twice as fast as chaining ``dict.values``."""
-    return gc.get_referents(*containers)
+    all strings); JSON scalars (str, int, float, bool, None) are not such objects and give
+    nothing. The collector must reach every value to find cycles through it, so none is
+    left out; a key that comes along is a str or another hashable scalar, which only adds
+    a value to check. Twice as fast as chaining ``dict.values``."""
+    return gc.get_referents(*values)
 
 
 class _Verbatim(Exception):
@@ -1091,6 +1118,17 @@ def _checked(lines: list[bytes], record_limit: int, *, nested: bool) -> list[byt
         if bad is not None:
             raise RecordError(f"event {bad[0]} of the batch does not read back as a record: {bad[1]}")
     return lines
+
+
+def _checked_size(lines: list[bytes], record_limit: int) -> int:
+    """The batch size of ``lines`` (each line and its newline) when each one is within
+    ``record_limit``; else RecordError naming the first over it. Lines that are all
+    within the limit together (the common case: a batch limit no larger than the record
+    limit bounds them so) are not measured one by one."""
+    size = sum(map(len, lines))
+    if size > record_limit:
+        _checked(lines, record_limit, nested=False)
+    return size + len(lines)
 
 
 def header_event(session: str) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from .events import (
     RecordError,
     RecordRun,
     region_run_in,
-    encode_records,
     encode_records_at,
+    encode_records_sized,
 )
 from .events import encode_block as encode_records_block
 
@@ -72,10 +72,9 @@ def encode_batch(
     Raises :class:`InvalidEvent` naming the event at fault, or when the batch (lines plus
     newlines) is over the batch limit; nothing is written then."""
     try:
-        lines = encode_records(events, first_seq, record_limit=limits.record_limit, now=now)
+        lines, size = encode_records_sized(events, first_seq, record_limit=limits.record_limit, now=now)
     except RecordError as exc:
         raise InvalidEvent(exc.reason) from None
-    size = batch_size(lines)
     if size > limits.batch_limit:
         raise InvalidEvent(f"batch of {size} bytes exceeds the batch limit of {limits.batch_limit} bytes; split it")
     return lines

@@ -376,3 +376,137 @@ def test_a_group_with_one_event_off_the_fast_path_is_encoded_batch_by_batch() ->
     assert encode_batches([plain, plain], [2, 10], Limits(), now=NOW) is not None
     assert encode_batches([plain, [MappingProxyType({"type": "b"})]], [2, 10], Limits(), now=NOW) is None
     assert encode_batches([plain, [{"type": "b", "x": object()}]], [2, 10], Limits(), now=NOW) is None
+
+
+# --- events as agent runtimes write them: type first, their own ts last -----------------
+# The batch fast path's common case; the members hold what could be mistaken for the
+# envelope: nested objects with a "ts" (or "seq", "type") key of their own, strings that
+# hold the text of a ts member, a Raw that spells one.
+
+envelope_text = st.sampled_from([
+    ',"ts":', ',"ts":1}', '{"ts":2,"type":"x"}', '"seq":1,', '\\",\\"ts\\":', ',"ts":1.5}\n{"type":"y"', "ts",
+])
+lookalike = st.one_of(
+    envelope_text, envelope_text.map(Text),
+    st.fixed_dictionaries({"ts": st.one_of(st.floats(), st.integers(), envelope_text)}),
+    st.fixed_dictionaries({"type": envelope_text, "ts": st.integers(0, 9), "seq": st.integers(0, 9)}),
+    st.lists(st.fixed_dictionaries({"ts": st.integers(0, 9)}), max_size=3),
+    st.just(msgspec.Raw(b'{"ts":1}')), st.just(msgspec.Raw(b'1,"ts":2')),
+)
+valid_ts = st.one_of(st.floats(0, 2e9), st.integers(0, 2**40))
+runtime_ts = st.one_of(
+    valid_ts, valid_ts, valid_ts, valid_ts, valid_ts, valid_ts, valid_ts, valid_ts, valid_ts,
+    st.sampled_from([float("nan"), float("inf"), 10**400, 2**70, True, False, None, "1.5", Real(1.5), Number(7),
+                     Color.RED]),
+    st.floats(),
+)
+plain_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), texts),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.lists(inner, max_size=3).map(tuple),
+                            st.dictionaries(texts, inner, max_size=4)),
+    max_leaves=20,
+)
+
+
+@st.composite
+def runtime_event(draw: st.DrawFn) -> Any:
+    ev: dict[Any, Any] = {"type": draw(st.sampled_from(["tool/result", "assistant/message", "x"]))}
+    for i in range(draw(st.integers(0, 4))):
+        ev[draw(st.sampled_from(["turn", "step", "content", "args", f"k{i}"]))] = draw(st.one_of(lookalike, plain_values, plain_values, member))
+    where = draw(st.integers(0, 9))  # mostly last, as runtimes add it; sometimes elsewhere or missing
+    if where < 7:
+        ev["ts"] = draw(runtime_ts)
+    elif where == 7:
+        ev = {"ts": draw(runtime_ts), **ev}
+    elif where == 8:
+        ev = {"type": ev.pop("type"), "ts": draw(runtime_ts), **ev}
+    return ev
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(batch=st.lists(runtime_event(), max_size=12))
+@example(batch=[{"type": "x", "v": {"ts": 1}, "ts": 2.5}, {"type": "x", "s": ',"ts":3}', "ts": 4}])
+@example(batch=[{"type": "x", "ts": 5}, {"type": "x", "ts": 10**400}])
+@example(batch=[{"type": "x", "ts": 5}, {"type": "x", "ts": True}])
+@example(batch=[{"type": "x", "ts": 5}, {"type": "x", "ts": float("nan")}])
+@example(batch=[{"type": "x", "ts": 5}, {"type": "x", "ts": Real(2.5)}])
+@example(batch=[{"type": "x", "ts": 5}, {"type": "x", "r": msgspec.Raw(b'1,"ts":2'), "ts": 6}])
+@example(batch=[{"type": "x", "ts": 5}, {"ts": 6, "type": "x"}, {"type": "x"}])
+def test_runtime_events_fast_path_is_the_exact_path(batch: list[Any]) -> None:
+    check(batch)
+
+
+# --- the proof that values are plain JSON ------------------------------------------------
+
+def plain_reference(events: list[dict[Any, Any]]) -> bool:
+    """What _plain decides, one value at a time: every member, and every key and value
+    inside it, an exact JSON scalar or an exact dict, list or tuple, no container deeper
+    than MAX_DEPTH in its record (the record is depth 1, its members depth 2)."""
+    todo = [(x, 2) for event in events for pair in event.items() for x in pair]
+    while todo:
+        value, depth = todo.pop()
+        kind = type(value)
+        if kind in (str, int, float, bool, type(None)):
+            continue
+        if kind not in (dict, list, tuple) or depth > MAX_DEPTH:
+            return False
+        items = [x for pair in value.items() for x in pair] if kind is dict else list(value)
+        todo.extend((x, depth + 1) for x in items)
+    return True
+
+
+plain_member = st.one_of(member, plain_values, plain_values, deep(), st.builds(nest, st.sampled_from([MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH]),
+                                                     st.sampled_from(["l", "d", "t", "ld"])))
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(batch=st.lists(st.dictionaries(top_keys, plain_member, max_size=3), max_size=4))
+@example(batch=[{"v": nest(MAX_DEPTH - 1)}])  # container depths MAX_DEPTH: plain
+@example(batch=[{"v": nest(MAX_DEPTH)}])  # MAX_DEPTH + 1: not
+@example(batch=[{"v": [[]]}, {"w": nest(MAX_DEPTH - 2, "l")}])
+@example(batch=[{"v": {Text("k"): 1}}])  # a str subclass as a key
+@example(batch=[{"v": {1: "a", "1": "b"}}])  # non-str keys are scalars (the encoder writes them as strings)
+@example(batch=[{"v": {(1, (2,)): 3}}])
+@example(batch=[{1: "x", "v": [Number(1)]}])
+def test_plain_is_the_value_by_value_rule(batch: list[dict[Any, Any]]) -> None:
+    from sessionlog.events import _plain
+
+    assert _plain(batch) == plain_reference(batch)
+
+
+def test_plain_of_a_cycle_is_false() -> None:
+    from sessionlog.events import _plain
+
+    loop: list[Any] = []
+    loop.append(loop)
+    assert not _plain([{"v": loop}])
+    d: dict[str, Any] = {}
+    d["d"] = d
+    assert not _plain([{"v": d}])
+
+
+# --- the batch's size, measured once ----------------------------------------------------
+
+@pytest.mark.parametrize("record_limit", [30, 45, 1 << 16])
+def test_sized_lines_are_the_lines_and_their_batch_size(record_limit: int) -> None:
+    from sessionlog.events import encode_records_sized
+
+    for batch in ([], [{"type": "x"}], [{"type": "x", "v": "y" * i} for i in range(12)],
+                  [{"type": "x", "v": [i]} for i in range(3)], [{"type": "x", "r": msgspec.Raw(b"[1]")}] * 2):
+        want = outcome(lambda: _encode_each(batch, range(3, 3 + len(batch)), NOW, record_limit))
+        got = outcome(lambda: encode_records_sized(batch, 3, record_limit=record_limit, now=NOW))
+        if want[0] == "ok":
+            assert got == ("ok", (want[1], sum(map(len, want[1])) + len(want[1])))
+        else:
+            assert got == want
+
+
+def test_batch_limit_counts_each_line_and_its_newline() -> None:
+    batch = [{"type": "x", "v": "y" * i} for i in range(5)]
+    lines = encode_batch(batch, 2, Limits(), now=NOW)
+    size = sum(map(len, lines)) + len(lines)
+    assert encode_batch(batch, 2, Limits(batch_limit=size), now=NOW) == lines
+    with pytest.raises(InvalidEvent, match=f"batch of {size} bytes exceeds the batch limit of {size - 1} bytes"):
+        encode_batch(batch, 2, Limits(batch_limit=size - 1), now=NOW)
