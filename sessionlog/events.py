@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import accumulate, chain, compress, repeat
-from operator import attrgetter, itemgetter, not_
+from itertools import accumulate, repeat
+from operator import attrgetter, itemgetter
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
