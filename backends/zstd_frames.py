@@ -429,25 +429,19 @@ class _DecompressAhead:
             pos = self._walk
             frames: list[Shape] = []
             total = 0
-            try:
-                while total < self._content:
-                    shape = walk_frame(stream.get, pos, limits)
-                    if isinstance(shape, Broken) or shape.skippable or not shape.content_size:
-                        self._walk = None  # the scan's own path takes it from here
-                        break
-                    frames.append(shape)
-                    total += shape.content_size
-                    pos = shape.end
-                else:
-                    self._walk = pos
-                views = [stream.view(f.start, f.end - f.start) for f in frames]
-            except OSError:
-                # A read ahead failed: the scan's own path reads there again when it gets
-                # there, and raises where a scan without this worker would.
-                self._walk = None
-                return
+            while total < self._content:
+                shape = walk_frame(stream.get, pos, limits)
+                if isinstance(shape, Broken) or shape.skippable or not shape.content_size:
+                    self._walk = None  # the scan's own path takes it from here
+                    break
+                frames.append(shape)
+                total += shape.content_size
+                pos = shape.end
+            else:
+                self._walk = pos
             if not frames:
                 return
+            views = [stream.view(f.start, f.end - f.start) for f in frames]
             self._jobs.append((frames, self._pool.submit(_decompress_job, views)))
 
 

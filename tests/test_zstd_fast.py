@@ -241,39 +241,6 @@ def test_a_bad_frame_among_those_decompressed_ahead():
                        ahead={"ahead_after": 0, "ahead_content": content}) == exact
 
 
-def test_a_read_that_fails_ahead_fails_where_the_scan_gets_to_it():
-    """A read error at some offset of a long log: with the worker decompressing ahead,
-    the scan raises the same error, after records that are the log's own, in order (a
-    prefix: none skipped, none past the error), at least as many as without it (the walk
-    ahead does not raise early: the scan's own path reads there again and raises)."""
-    data = _clean_log(frames=60, per_frame=64)
-
-    def records_then_error(fail_at: int, **ahead: int) -> tuple[list[int], str | None]:
-        source = io.BytesIO(data)
-
-        def read(n: int) -> bytes:  # short reads up to ``fail_at``, then EIO
-            if source.tell() >= fail_at:
-                raise OSError(5, "Input/output error")
-            return source.read(min(n, fail_at - source.tell(), 7_000))
-
-        seqs: list[int] = []
-        scanner = FrameScan(read, session_id="s", where="<mem>", **ahead)
-        try:
-            for record in scanner:
-                seqs.append(record.seq)
-        except OSError as exc:
-            return seqs, str(exc)
-        return seqs, None
-
-    every = list(range(1, 2 + 60 * 64))
-    for fail_at in (len(data) // 3, len(data) // 2, len(data) - 10):
-        alone = records_then_error(fail_at, ahead_after=10**9)
-        assert alone[1] is not None and alone[0] == every[: len(alone[0])]
-        for content in (1, 5_000, 1 << 20):
-            seqs, error = records_then_error(fail_at, ahead_after=0, ahead_content=content)
-            assert error == alone[1] and seqs == every[: len(seqs)] and len(seqs) >= len(alone[0])
-
-
 def test_a_mostly_odd_log_stays_linear():
     """Every frame holds a record only the exact rules accept (spaces): each batch fails,
     the next is smaller, and the result is the exact path's."""
