@@ -17,9 +17,7 @@ frame is the unit: it is kept or reported as damage whole, never partially.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 
@@ -40,15 +38,6 @@ REGION = 64 << 10
 """The most frame content one fast-path attempt of a scan decodes at once (whole frames;
 a larger frame alone). Regions that stay in cache decode faster."""
 MIN_REGION = 4 << 10
-AHEAD_AFTER = 16
-"""Fast-path batches a scan takes before it has the frames after them decompressed ahead,
-on a worker thread: a log shorter than that never starts one."""
-AHEAD_CONTENT = 512 << 10
-"""Frame content one worker call decompresses (many frames per call: the worker waits for
-the interpreter lock once per call, not once per frame)."""
-AHEAD_JOBS = 2
-"""Worker calls in flight at once: what a scan holds decompressed ahead is bounded by
-``AHEAD_JOBS * AHEAD_CONTENT`` (plus the frames' compressed bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,120 +320,6 @@ class ByteStream:
         self.base += max(drop, 0)
 
 
-def _decompress_job(frames: list[memoryview]) -> list[bytes] | None:
-    """The contents of ``frames`` (whole data frames, each declaring its content size), or
-    None when libzstd refuses one of them. Runs on the worker thread: one libzstd call for
-    all of them, without the interpreter lock. Each frame is decompressed whole into
-    exactly its declared content size and its content checksum verified, as
-    :func:`decompress_frame` does; a frame that does not, fails the call."""
-    try:
-        out = zstandard.ZstdDecompressor().multi_decompress_to_buffer(frames, threads=1)
-    except zstandard.ZstdError:
-        return None
-    return [out[i].tobytes() for i in range(len(out))]
-
-
-class _DecompressAhead:
-    """The whole data frames after a scan's position, decompressed ahead while the scan
-    decodes the frames before them.
-
-    The scanning thread walks them (it alone reads the file: the worker only ever sees
-    bytes already read) with :func:`walk_frame`, and a worker thread decompresses them,
-    :data:`AHEAD_CONTENT` at a time (libzstd runs without the interpreter lock, on
-    another CPU). A frame is handed out as the scan's own walk and decompression would
-    give it: its shape, and its content verified by libzstd (checksum, declared size).
-    What is not whole data frames with a declared content size (EOF, a skippable or
-    broken frame) ends the walk ahead there; a call libzstd refuses gives nothing for its
-    frames. Either way the scan's own path takes those frames, one by one, and says what
-    is wrong with them."""
-
-    def __init__(self, stream: ByteStream, limits: FrameLimits, content: int = AHEAD_CONTENT) -> None:
-        self._stream = stream
-        self._limits = limits
-        self._content = content
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessionlog-zstd-scan")
-        self._jobs: deque[tuple[list[Shape], Future[list[bytes] | None]]] = deque()
-        self._taken = 0  # frames of the first job handed out already
-        self._walk: int | None = None  # where the walk ahead goes on (None: it stopped)
-
-    def close(self) -> None:
-        """Drop what is in flight; the worker thread ends on its own."""
-        for _, job in self._jobs:
-            job.cancel()
-        self._jobs.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def take(self, pos: int, span: int) -> tuple[list[Shape], list[bytes]]:
-        """The verified frames from ``pos`` on, as ``FrameScan._gather`` takes them (whole
-        data frames, each content ending in a newline, at least one, adding up to at most
-        ``span`` bytes unless one alone is larger); none when the frame at ``pos`` is not
-        one this path decompressed (the scan's own path takes it)."""
-        jobs = self._jobs
-        if jobs and jobs[0][0][self._taken].start != pos:
-            self._restart(pos)  # the scan went its own way (the exact path took frames)
-        elif not jobs and self._walk != pos:
-            self._restart(pos)
-        self._fill()
-        shapes: list[Shape] = []
-        contents: list[bytes] = []
-        total = 0
-        while jobs:
-            frames, job = jobs[0]
-            done = job.result()
-            if done is None:  # libzstd refused a frame of this call: the scan's own path finds which
-                self._walk = None
-                jobs.clear()
-                break
-            shape, content = frames[self._taken], done[self._taken]
-            size = len(content)
-            if contents and total + size > span:
-                break
-            if content[-1:] != b"\n":  # not whole records: the exact path says so
-                self._walk = None
-                jobs.clear()
-                break
-            shapes.append(shape)
-            contents.append(content)
-            total += size
-            self._taken += 1
-            if self._taken == len(frames):
-                jobs.popleft()
-                self._taken = 0
-                self._fill()
-            if total >= span:
-                break
-        return shapes, contents
-
-    def _restart(self, pos: int) -> None:
-        for _, job in self._jobs:
-            job.cancel()
-        self._jobs.clear()
-        self._taken = 0
-        self._walk = pos
-
-    def _fill(self) -> None:
-        """Walk and hand the worker frames until :data:`AHEAD_JOBS` calls are in flight."""
-        stream, limits = self._stream, self._limits
-        while len(self._jobs) < AHEAD_JOBS and self._walk is not None:
-            pos = self._walk
-            frames: list[Shape] = []
-            total = 0
-            while total < self._content:
-                shape = walk_frame(stream.get, pos, limits)
-                if isinstance(shape, Broken) or shape.skippable or not shape.content_size:
-                    self._walk = None  # the scan's own path takes it from here
-                    break
-                frames.append(shape)
-                total += shape.content_size
-                pos = shape.end
-            else:
-                self._walk = pos
-            if not frames:
-                return
-            views = [stream.view(f.start, f.end - f.start) for f in frames]
-            self._jobs.append((frames, self._pool.submit(_decompress_job, views)))
-
-
 class FrameScan:
     """Stream the longest valid prefix of a zstd-framed session log.
 
@@ -467,9 +342,7 @@ class FrameScan:
     content are decoded as one region (the fast path); a frame is taken only when every
     one of its records is proven, else it goes to the exact rules alone, which say what is
     wrong with it. ``region=0`` takes every frame alone (the exact path the tests compare
-    the fast path with). After ``ahead_after`` fast-path batches, the frames ahead are
-    decompressed on a worker thread, ``ahead_content`` bytes of content a call
-    (:class:`_DecompressAhead`), while the scan decodes the frames before them.
+    the fast path with).
     """
 
     def __init__(
@@ -481,13 +354,9 @@ class FrameScan:
         limits: Limits = DEFAULT_LIMITS,
         owned: bool = False,
         region: int = REGION,
-        ahead_after: int = AHEAD_AFTER,
-        ahead_content: int = AHEAD_CONTENT,
     ) -> None:
         self.session_id = session_id
         self.region = region
-        self.ahead_after = ahead_after
-        self.ahead_content = ahead_content
         self.where = where
         self.limits = limits
         self.frame_limits = FrameLimits.from_limits(limits)
@@ -497,13 +366,11 @@ class FrameScan:
         self.last_ts = 0.0
         self.count = 0
         self.frames = 0
-        self.ahead_frames = 0  # of which the worker thread decompressed
         self.skipped_frames = 0
         self.damage: Damage | None = None
         self._stream = ByteStream(read)
         self._done = False
         self._ahead: Shape | None = None  # the frame after the last batch, walked already
-        self._feed: _DecompressAhead | None = None  # frames decompressed ahead (a long log)
 
     def __iter__(self) -> Iterator[Record]:
         # The records go out run by run in one C-level loop.
@@ -519,40 +386,23 @@ class FrameScan:
         return self._runs()
 
     def _runs(self) -> Iterator[RecordRun]:
-        try:
-            yield from self._scan_runs()
-        finally:
-            if self._feed is not None:
-                self._feed.close()
-
-    def _scan_runs(self) -> Iterator[RecordRun]:
         stream = self._stream
         region = self.region
         span = region  # content bytes the next batch may hold (shrinks after a failed batch)
         pos = 0
-        batches = 0
         while True:
             stream.release(pos)
             if span and self.count:
                 # The fast path (never for the header frame): a run of whole frames whose
                 # contents are decoded as one region. A frame is taken only when every one
                 # of its records is proven; the first frame that is not goes to the exact
-                # path below with its content, and the next batch is smaller. After the
-                # first batches of a long log, the frames ahead are decompressed on a worker
-                # thread meanwhile (the same frames, verified the same way).
-                batches += 1
-                if self._feed is None and batches > self.ahead_after:
-                    self._feed = _DecompressAhead(stream, self.frame_limits, self.ahead_content)
-                shapes, contents = self._feed.take(pos, span) if self._feed is not None else ([], [])
-                ahead = len(shapes)
-                if not shapes:
-                    shapes, contents = self._gather(pos, span)
+                # path below with its content, and the next batch is smaller.
+                shapes, contents = self._gather(pos, span)
                 if shapes:
                     run, taken = self._batch(contents)
                     if taken:
                         pos = self.stable_offset = shapes[taken - 1].end
                         self.frames += taken
-                        self.ahead_frames += min(taken, ahead)
                         self.count += len(run)
                         self.last_seq = run.seqs[-1]
                         self.last_ts = run.tss[-1]

@@ -1,8 +1,6 @@
 """The Zstd scan's fast path (runs of whole frames decoded as one region) against its
 exact path (each frame by itself, ``region=0``): on any log, damaged in any way, both give
-the same records, the same summary and the same damage or error, byte for byte; and so
-does the fast path with the frames ahead decompressed on a worker thread from its first
-batch on (``ahead_after=0``), a few frames or one frame per worker call."""
+the same records, the same summary and the same damage or error, byte for byte."""
 
 from __future__ import annotations
 
@@ -130,18 +128,12 @@ def run_records(run: RecordRun) -> list[Record]:
     return records
 
 
-AHEAD = ({}, {"ahead_after": 0, "ahead_content": 1}, {"ahead_after": 0, "ahead_content": 600},
-         {"ahead_after": 2, "ahead_content": 4000})
-"""Worker-thread settings the fast path is run with: as shipped (long logs only), from the
-first batch with one frame per call, a few frames per call, and after two batches."""
-
-
 def outcome(data: bytes, *, region: int, limits: Limits, owned: bool, session_id: str | None,
-            by_runs: bool = False, ahead: dict | None = None) -> tuple:
+            by_runs: bool = False) -> tuple:
     """Everything a scan says about ``data``: its records and summary, and its damage or
     the error it raised (type, message, offset). ``by_runs``: read through ``runs()``."""
     scanner = FrameScan(io.BytesIO(data).read, session_id=session_id, where="<mem>", limits=limits, owned=owned,
-                        region=region, **(ahead or {}))
+                        region=region)
     records = []
     error = None
     try:
@@ -156,9 +148,7 @@ def outcome(data: bytes, *, region: int, limits: Limits, owned: bool, session_id
 def assert_same(data: bytes, limits: Limits, owned: bool = False, session_id: str | None = "s") -> tuple:
     exact = outcome(data, region=0, limits=limits, owned=owned, session_id=session_id)
     for region in REGIONS:
-        for ahead in AHEAD:
-            assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id,
-                           ahead=ahead) == exact, (region, ahead)
+        assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id) == exact, region
         assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id,
                        by_runs=True) == exact, region
     return exact
@@ -208,37 +198,6 @@ def test_the_fast_path_takes_whole_runs_of_frames():
     records, error, stable, last_seq, _, count, frames, skipped, damage = exact
     assert error is None and damage is None and skipped == 0
     assert stable == len(data) and frames == 51 and count == last_seq == 1 + 50 * 64 == len(records)
-
-
-def test_a_long_log_is_decompressed_ahead_on_a_worker_thread():
-    """Past ``ahead_after`` batches the frames come from the worker thread, and the scan
-    says the same as the exact path; a log shorter than that never starts the worker."""
-    data = _clean_log(frames=50, per_frame=64)
-    exact = outcome(data, region=0, limits=Limits(), owned=False, session_id="s")
-    for ahead_after, content, region in ((0, 1, REGION), (0, 20_000, REGION), (5, 1 << 20, MIN_REGION)):
-        scanner = FrameScan(io.BytesIO(data).read, session_id="s", where="<mem>", region=region,
-                            ahead_after=ahead_after, ahead_content=content)
-        records = [(r.raw, r.seq, r.ts, r.type) for r in scanner]
-        assert records == exact[0] and scanner.frames == 51 and scanner.damage is None
-        # Batches of MIN_REGION hold one or two of these frames: five of them, then the worker.
-        assert scanner.ahead_frames == 50 if ahead_after == 0 else 50 - 10 <= scanner.ahead_frames <= 50 - 5
-    short = FrameScan(io.BytesIO(_clean_log(frames=4, per_frame=64)).read, session_id="s", where="<mem>")
-    assert len(list(short)) == 1 + 4 * 64 and short.ahead_frames == 0
-
-
-def test_a_bad_frame_among_those_decompressed_ahead():
-    """A frame whose checksum fails in the middle of a worker call: the frames before it
-    are taken, the exact path names it (mid-log: verified frames follow), and nothing
-    after it is taken."""
-    data = bytearray(_clean_log(frames=30, per_frame=64))
-    starts = [i for i in range(len(data)) if data.startswith(b"\x28\xb5\x2f\xfd", i)]
-    bad = starts[20]
-    data[starts[21] - 1] ^= 0x01  # the last byte of frame 20: its content checksum
-    exact = outcome(bytes(data), region=0, limits=Limits(), owned=False, session_id="s")
-    assert exact[8] is not None and exact[8].offset == bad and exact[2] == bad
-    for content in (1, 10_000, 1 << 20):
-        assert outcome(bytes(data), region=REGION, limits=Limits(), owned=False, session_id="s",
-                       ahead={"ahead_after": 0, "ahead_content": content}) == exact
 
 
 def test_a_mostly_odd_log_stays_linear():
