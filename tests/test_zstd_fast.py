@@ -470,3 +470,38 @@ def test_walk_frame_equals_its_reference(prefix, data, limits):
     whole = prefix + data
     get = lambda offset, n: whole[offset : offset + n]  # noqa: E731
     assert walk_frame(get, len(prefix), flimits) == _reference_walk(get, len(prefix), flimits)
+
+
+@SETTINGS
+@given(prefix=st.binary(max_size=3), data=frame_bytes(), suffix=st.binary(max_size=20),
+       limits=st.sampled_from(LIMITS + (Limits(batch_limit=70000),)))
+def test_the_buffered_walk_is_walk_frame_or_declines(prefix, data, suffix, limits):
+    """The fast path's walk over the buffer says what walk_frame says, or nothing."""
+    from sessionlog.backends.zstd_frames import FrameLimits, _walk_buffered, walk_frame
+    flimits = FrameLimits.from_limits(limits)
+    whole = prefix + data + suffix
+    get = lambda offset, n: whole[offset : offset + n]  # noqa: E731
+    for base in (0, 1000):
+        shape = _walk_buffered(whole, len(prefix), base, flimits)
+        if shape is not None:
+            expect = walk_frame(get, len(prefix), flimits)
+            assert (shape.start - base, shape.end - base, shape.skippable, shape.content_size) == (
+                expect.start, expect.end, expect.skippable, expect.content_size)
+
+
+def test_the_buffered_walk_takes_every_frame_a_scan_writes():
+    """Not a walk that always declines: every frame of a clean log (one or many blocks,
+    with or without a content size) is walked in the buffer, as walk_frame walks it."""
+    from sessionlog.backends.zstd_frames import FrameLimits, _walk_buffered, walk_frame
+    flimits = FrameLimits.from_limits(Limits())
+    no_size = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=False)
+    data = _clean_log(frames=6, per_frame=20) + compress_frame(_padded(122) + b"\n", 3) + no_size.compress(
+        _line("compact", 123) + b"\n") + b"\0" * 18
+    get = lambda offset, n: data[offset : offset + n]  # noqa: E731
+    pos = walked = 0
+    while pos < len(data) - 18:
+        shape = _walk_buffered(data, pos, 0, flimits)
+        assert shape is not None and shape == walk_frame(get, pos, flimits)
+        pos = shape.end
+        walked += 1
+    assert walked == 9
