@@ -32,8 +32,9 @@ SKIPPABLE_MASK = 0xFFFFFFF0
 SKIPPABLE_MAGIC = 0x184D2A50
 MAX_BLOCK = 128 * 1024  # RFC 8878 Block_Maximum_Size ceiling
 READ_CHUNK = 256 << 10
-"""Compressed bytes a scan reads at a time: a few regions' worth, so what is read stays in
-cache until it is decompressed and decoded (as :data:`sessionlog.scan.CHUNK`)."""
+"""Compressed bytes a scan reads at a time (more when one frame needs more): a few regions'
+worth, so what is read stays in cache until it is decompressed and decoded (as
+:data:`sessionlog.scan.CHUNK`)."""
 REGION = 64 << 10
 """The most frame content one fast-path attempt of a scan decodes at once (whole frames;
 a larger frame alone). Regions that stay in cache decode faster."""
@@ -89,89 +90,167 @@ def window_size(descriptor: int) -> int:
     return base + (base >> 3) * (descriptor & 7)
 
 
+def _frame_descriptors() -> list[tuple[int, int, int, int, int] | None]:
+    """Per Frame_Header_Descriptor byte: ``(header_len, window_len, dict_len, fcs_len,
+    checksum)`` (the header after the magic, descriptor included; ``window_len`` 0 for a
+    single-segment frame, which has no window byte), or None when the reserved or unused
+    bit is set."""
+    table: list[tuple[int, int, int, int, int] | None] = []
+    for fhd in range(256):
+        if fhd & 0x18:
+            table.append(None)
+            continue
+        fcs_flag, single, checksum, did_flag = fhd >> 6, fhd & 0x20, fhd & 0x04, fhd & 0x03
+        fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        did_len = (0, 1, 2, 4)[did_flag]
+        wd_len = 0 if single else 1
+        table.append((1 + wd_len + did_len + fcs_len, wd_len, did_len, fcs_len, checksum))
+    return table
+
+
+_FHD = _frame_descriptors()
+
+
 def walk_frame(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits) -> Shape | Broken:
     """Find the end of the frame starting at ``pos`` from its headers alone.
 
     ``get(offset, n)`` returns up to ``n`` bytes at ``offset`` (fewer only at EOF)."""
     data = get(pos, 18)  # the magic and the longest frame header (descriptor, window, dictionary, size)
-    head = data[:4]
-    if len(head) < 4:
-        if ZSTD_MAGIC.startswith(head) or _skippable_prefix(head):
-            return Broken(pos, "frame magic cut short by EOF", torn=True)
-        return Broken(pos, "not a zstd frame")
-    if head != ZSTD_MAGIC:
-        magic = int.from_bytes(head, "little")
-        if magic & SKIPPABLE_MASK != SKIPPABLE_MAGIC:
-            return Broken(pos, "not a zstd frame (bad magic number)")
-        size_field = data[4:8]
-        if len(size_field) < 4:
-            return Broken(pos, "skippable frame header cut short by EOF", torn=True)
-        size = int.from_bytes(size_field, "little")
-        if size > limits.frame:
-            return Broken(pos, f"skippable frame of {size} bytes exceeds the frame limit of {limits.frame}",
-                          over_limit=True)
-        end = pos + 8 + size
-        if len(get(end - 1, 1)) < 1 and size:
-            return Broken(pos, "skippable frame cut short by EOF", torn=True)
-        return Shape(pos, end, skippable=True)
-    header = data[4:]
-    if not header:
-        return Broken(pos, "frame header cut short by EOF", torn=True)
-    fhd = header[0]
-    if fhd & 0x18:  # reserved bit (must be 0); the unused bit, which no encoder sets
+    if data[:4] != ZSTD_MAGIC or len(data) < 5:
+        return _walk_other(get, pos, limits, data)
+    fhd = _FHD[data[4]]
+    if fhd is None:  # reserved bit (must be 0); the unused bit, which no encoder sets
         return Broken(pos, "frame header reserved or unused bit is set")
-    fcs_flag, single, checksum, did_flag = fhd >> 6, fhd & 0x20, fhd & 0x04, fhd & 0x03
-    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
-    did_len = (0, 1, 2, 4)[did_flag]
-    wd_len = 0 if single else 1
-    header_len = 1 + wd_len + did_len + fcs_len
-    if len(header) < header_len:
+    header_len, wd_len, did_len, fcs_len, checksum = fhd
+    if len(data) < 4 + header_len:
         return Broken(pos, "frame header cut short by EOF", torn=True)
-    i = 1
-    window: int | None = None
-    if not single:
-        window = window_size(header[1])
-        i = 2
-    dict_id = int.from_bytes(header[i : i + did_len], "little")
-    i += did_len
+    i = 5 + wd_len  # after the descriptor and the window byte
     content_size: int | None = None
     if fcs_len:
-        content_size = int.from_bytes(header[i : i + fcs_len], "little") + (256 if fcs_len == 2 else 0)
-    if window is not None and window > limits.window:
-        return Broken(pos, f"frame window of {window} bytes exceeds the window limit of {limits.window}",
-                      over_limit=True)
+        content_size = int.from_bytes(data[i + did_len : i + did_len + fcs_len], "little")
+        if fcs_len == 2:
+            content_size += 256
+    if wd_len:
+        window = window_size(data[5])
+        if window > limits.window:
+            return Broken(pos, f"frame window of {window} bytes exceeds the window limit of {limits.window}",
+                          over_limit=True)
     if content_size is not None and content_size > limits.content:
         return Broken(pos, f"frame content of {content_size} bytes exceeds the frame limit of "
                       f"{limits.content}", over_limit=True)
-    if dict_id:
-        return Broken(pos, f"frame needs dictionary {dict_id}; session logs use none")
+    if did_len:
+        dict_id = int.from_bytes(data[i : i + did_len], "little")
+        if dict_id:
+            return Broken(pos, f"frame needs dictionary {dict_id}; session logs use none")
     if not checksum:
         return Broken(pos, "frame has no content checksum")
-    at = pos + 4 + header_len
+    at = 4 + header_len  # relative to pos from here
+    frame_limit = limits.frame
     regenerated = 0
     while True:
-        bh = data[at - pos : at - pos + 3] if at - pos + 3 <= len(data) else get(at, 3)
+        bh = data[at : at + 3] if at + 3 <= len(data) else get(pos + at, 3)
         if len(bh) < 3:  # also where a previous block's payload was cut short
             return Broken(pos, "block cut short by EOF", torn=True)
-        word = bh[0] | bh[1] << 8 | bh[2] << 16
+        word = int.from_bytes(bh, "little")
         kind, size = (word >> 1) & 3, word >> 3
         if kind == 3:
             return Broken(pos, "reserved block type")
         if size > MAX_BLOCK:
             return Broken(pos, f"block of {size} bytes exceeds the 128 KiB block maximum")
-        if kind != 2:
+        if kind == 1:
             regenerated += size
-        at += 4 if kind == 1 else 3 + size
-        if at - pos > limits.frame:
-            return Broken(pos, f"frame exceeds the frame limit of {limits.frame} bytes", over_limit=True)
+            at += 4
+        else:
+            if kind == 0:
+                regenerated += size
+            at += 3 + size
+        if at > frame_limit:
+            return Broken(pos, f"frame exceeds the frame limit of {frame_limit} bytes", over_limit=True)
         if word & 1:
             break
     if content_size is not None and regenerated > content_size:
         return Broken(pos, "blocks hold more than the frame's content size")
-    at += 4
+    at += pos + 4
     if not get(at - 1, 1):
         return Broken(pos, "block or content checksum cut short by EOF", torn=True)
-    return Shape(pos, at, skippable=False, content_size=content_size)
+    return Shape(pos, at, False, content_size)
+
+
+def _walk_buffered(buf: bytes, i: int, base: int, limits: FrameLimits) -> Shape | None:
+    """:func:`walk_frame`'s Shape for the data frame at ``buf[i:]`` (``base`` the offset of
+    ``buf``) when its headers, blocks and checksum all lie in ``buf`` and it has no
+    dictionary id field; None for anything else, which :func:`walk_frame` then judges.
+    The scan's fast path walks each frame here: no reads, no slices."""
+    n = len(buf)
+    if i + 18 > n or not buf.startswith(ZSTD_MAGIC, i):
+        return None
+    fhd = _FHD[buf[i + 4]]
+    if fhd is None:
+        return None
+    header_len, wd_len, did_len, fcs_len, checksum = fhd
+    if did_len or not checksum:
+        return None
+    if wd_len and window_size(buf[i + 5]) > limits.window:
+        return None
+    content_size: int | None = None
+    if fcs_len:
+        k = i + 5 + wd_len
+        content_size = int.from_bytes(buf[k : k + fcs_len], "little")
+        if fcs_len == 2:
+            content_size += 256
+        if content_size > limits.content:
+            return None
+    at = i + 4 + header_len
+    last = i + limits.frame  # the furthest a frame may end (before its checksum)
+    regenerated = 0
+    while True:
+        if at + 3 > n:
+            return None
+        word = buf[at] | buf[at + 1] << 8 | buf[at + 2] << 16
+        kind, size = (word >> 1) & 3, word >> 3
+        if kind == 3 or size > MAX_BLOCK:
+            return None
+        if kind == 1:
+            regenerated += size
+            at += 4
+        else:
+            if kind == 0:
+                regenerated += size
+            at += 3 + size
+        if at > last:
+            return None
+        if word & 1:
+            break
+    at += 4
+    if at > n or (content_size is not None and regenerated > content_size):
+        return None
+    return Shape(base + i, base + at, False, content_size)
+
+
+def _walk_other(get: Callable[[int, int], bytes], pos: int, limits: FrameLimits, data: bytes) -> Shape | Broken:
+    """:func:`walk_frame` where ``data`` (the first 18 bytes at ``pos``) is not the
+    magic and a frame header's first byte: a skippable frame, or no frame."""
+    head = data[:4]
+    if len(head) < 4:
+        if ZSTD_MAGIC.startswith(head) or _skippable_prefix(head):
+            return Broken(pos, "frame magic cut short by EOF", torn=True)
+        return Broken(pos, "not a zstd frame")
+    if head == ZSTD_MAGIC:
+        return Broken(pos, "frame header cut short by EOF", torn=True)
+    magic = int.from_bytes(head, "little")
+    if magic & SKIPPABLE_MASK != SKIPPABLE_MAGIC:
+        return Broken(pos, "not a zstd frame (bad magic number)")
+    size_field = data[4:8]
+    if len(size_field) < 4:
+        return Broken(pos, "skippable frame header cut short by EOF", torn=True)
+    size = int.from_bytes(size_field, "little")
+    if size > limits.frame:
+        return Broken(pos, f"skippable frame of {size} bytes exceeds the frame limit of {limits.frame}",
+                      over_limit=True)
+    end = pos + 8 + size
+    if len(get(end - 1, 1)) < 1 and size:
+        return Broken(pos, "skippable frame cut short by EOF", torn=True)
+    return Shape(pos, end, skippable=True)
 
 
 def _skippable_prefix(head: bytes) -> bool:
@@ -187,14 +266,20 @@ class _Decompressors(threading.local):
 _DCTX = _Decompressors()
 
 
+def _decompressor(limits: FrameLimits) -> zstandard.ZstdDecompressor:
+    """This thread's decompressor for ``limits`` (a decompressor is not thread-safe)."""
+    dctx = _DCTX.by_window.get(limits.window)
+    if dctx is None:
+        dctx = _DCTX.by_window[limits.window] = zstandard.ZstdDecompressor(max_window_size=limits.window)
+    return dctx
+
+
 def decompress_frame(frame: bytes | memoryview, shape: Shape, limits: FrameLimits) -> bytes | str:
     """The verified content of a structurally whole frame, or a reason it is bad.
 
     The decompressor checks the content checksum and the declared content size; output
     is bounded by the frame limit either way."""
-    dctx = _DCTX.by_window.get(limits.window)
-    if dctx is None:
-        dctx = _DCTX.by_window[limits.window] = zstandard.ZstdDecompressor(max_window_size=limits.window)
+    dctx = _decompressor(limits)
     try:
         content = dctx.decompress(frame, max_output_size=limits.content)
     except zstandard.ZstdError as exc:
@@ -290,7 +375,7 @@ class ByteStream:
         if 0 <= i and i + n <= len(self.buf):
             return self.buf[i : i + n]
         while self.end < pos + n and not self.eof:
-            self._more()
+            self._more(pos + n - self.end)
         i = pos - self.base
         if i < 0:  # pragma: no cover - callers only move forward
             raise ValueError("ByteStream is forward-only")
@@ -310,14 +395,21 @@ class ByteStream:
         if pos > self.keep:
             self.keep = pos
 
-    def _more(self) -> None:
-        chunk = self._read(READ_CHUNK)
+    def _more(self, need: int = 1) -> None:
+        """Read ``need`` bytes more, at least a chunk (what one frame's walk asks for at
+        once is read in one go: its bytes are copied into the buffer once)."""
+        chunk = self._read(max(READ_CHUNK, need))
         if not chunk:
             self.eof = True
             return
-        drop = min(self.keep, self.end) - self.base
-        self.buf = self.buf[drop:] + chunk if drop > 0 else self.buf + chunk
-        self.base += max(drop, 0)
+        buf = self.buf
+        drop = min(self.keep - self.base, len(buf))
+        if drop <= 0:
+            self.buf = buf + chunk if buf else bytes(chunk)
+            return
+        self.base += drop
+        # One copy of what is kept and the chunk (a slice then a concatenation is two).
+        self.buf = b"".join((memoryview(buf)[drop:], chunk)) if drop < len(buf) else bytes(chunk)
 
 
 class FrameScan:
@@ -477,30 +569,45 @@ class FrameScan:
         that decompress and verify, each content ending in a newline, their contents
         adding up to at most ``span`` bytes (at least one frame). Stops before anything
         else (EOF, a skippable or broken frame, one that does not verify, a content that
-        is empty or cut inside a record): the exact path takes that frame."""
+        is empty or cut inside a record): the exact path takes that frame.
+
+        Each frame is verified as :func:`decompress_frame` does (inlined: this runs once
+        per frame of the log)."""
         stream, flimits = self._stream, self.frame_limits
         get = stream.get
+        decompress = _decompressor(flimits).decompress
+        max_output = flimits.content
         shapes: list[Shape] = []
         contents: list[bytes] = []
         total = 0
         while True:
             shape, self._ahead = self._ahead, None
             if shape is None or shape.start != pos:
-                shape = walk_frame(get, pos, flimits)
-            if isinstance(shape, Broken) or shape.skippable:
+                shape = _walk_buffered(stream.buf, pos - stream.base, stream.base, flimits) or walk_frame(
+                    get, pos, flimits)
+            if shape.__class__ is not Shape or shape.skippable:
                 break
             size = shape.content_size
             if contents and (size is None or total + size > span):
                 self._ahead = shape  # where the next batch starts: not walked twice
                 break
-            content = decompress_frame(stream.view(pos, shape.end - pos), shape, flimits)
-            if isinstance(content, str) or content[-1:] != b"\n":
+            # walk_frame read the frame's last byte, and nothing before pos is released:
+            # the whole frame is in the buffer (else view reads it).
+            end = shape.end
+            buf = stream.buf
+            i, j = pos - stream.base, end - stream.base
+            frame = memoryview(buf)[i:j] if 0 <= i and j <= len(buf) else stream.view(pos, end - pos)
+            try:
+                content = decompress(frame, max_output_size=max_output)
+            except zstandard.ZstdError:
+                break
+            if (size is not None and len(content) != size) or content[-1:] != b"\n":
                 break
             shapes.append(shape)
             contents.append(content)
             total += len(content)
-            pos = shape.end
-            if total >= span or not get(pos, 1):
+            pos = end
+            if total >= span or (pos >= stream.base + len(stream.buf) and not get(pos, 1)):
                 break
         return shapes, contents
 

@@ -9,12 +9,13 @@ from itertools import chain
 import os
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessionlog.backends.zstd import compress_frame
 from sessionlog.backends.zstd_frames import MIN_REGION, REGION, FrameScan
 
-from sessionlog import Limits, SessionLogError
+from sessionlog import DamageKind, Limits, SessionLogError
 from sessionlog.events import Record, RecordRun, encode_record, header_event
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
@@ -211,3 +212,296 @@ def test_a_mostly_odd_log_stays_linear():
         seq += 21
     exact = assert_same(b"".join(out), Limits())
     assert exact[1] is None and exact[8] is None and exact[5] == seq - 1
+
+
+# --- runs of many frames with one bad frame inside (what the fast path batches) -------
+
+def _set_content_size(frame: bytes, delta: int) -> bytes:
+    """``frame`` with its Frame_Content_Size field moved by ``delta`` (clamped to what the
+    field holds); the blocks and the checksum are left as they are."""
+    fhd = frame[4]
+    fcs_flag, single, did_flag = fhd >> 6, fhd & 0x20, fhd & 0x03
+    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
+    if not fcs_len:
+        return frame
+    bias = 256 if fcs_len == 2 else 0
+    size = int.from_bytes(frame[at : at + fcs_len], "little") + bias
+    size = min(max(size + delta, bias), bias + (1 << (8 * fcs_len)) - 1)
+    return frame[:at] + (size - bias).to_bytes(fcs_len, "little") + frame[at + fcs_len :]
+
+
+def _odd_frame(kind: str, content: bytes, level: int) -> bytes:
+    """A frame holding ``content`` that is bad (or unusual but valid) in one way."""
+    frame = compress_frame(content, level)
+    if kind == "checksum":  # the content checksum does not match
+        return frame[:-4] + bytes(b ^ 0x5A for b in frame[-4:])
+    if kind in ("size+1", "size-1", "size+300"):  # the header's content size is wrong
+        return _set_content_size(frame, int(kind[4:]))
+    if kind == "no-size":  # valid: no content size in the header
+        return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=False).compress(content)
+    if kind == "no-checksum":
+        return zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True).compress(content)
+    if kind == "block":  # a byte of the compressed block flipped
+        i = len(frame) // 2
+        return frame[:i] + bytes([frame[i] ^ 0x10]) + frame[i + 1 :]
+    if kind == "no-newline":  # the last record cut before its newline
+        return compress_frame(content[:-1], level)
+    if kind == "mid-record":
+        return compress_frame(content[: len(content) // 2], level)
+    if kind == "empty":
+        return compress_frame(b"", level)
+    if kind == "skippable":  # valid: a skippable frame before the frame
+        return SKIPPABLE + (5).to_bytes(4, "little") + b"12345" + frame
+    if kind == "multi-block":  # valid: the content padded past one 128 KiB block
+        return frame
+    raise AssertionError(kind)
+
+
+def _padded(seq: int) -> bytes:
+    """A valid record of 140 kB: its frame holds more than one 128 KiB block."""
+    return b'{"seq":%d,"ts":1.5,"type":"x","pad":"%s"}' % (seq, bytes(range(48, 58)) * 14000)
+
+
+ODD = ("checksum", "size+1", "size-1", "size+300", "no-size", "no-checksum", "block", "no-newline",
+       "mid-record", "empty", "skippable", "multi-block")
+
+
+@st.composite
+def runs_with_a_bad_frame(draw: st.DrawFn) -> bytes:
+    """A header frame, then a run of frames of whole compact records (what one fast-path
+    batch takes), with frames that are bad or unusual at any places in it (``split``: a
+    record begun in one frame and finished in the next, each frame decompressing
+    cleanly: joined, the two would hold whole lines)."""
+    out = [compress_frame(encode_record(header_event("s"), 1, 1.0) + b"\n", 3)]
+    seq = 2
+    n = draw(st.integers(1, 14))
+    odd = {draw(st.integers(0, n - 1)): draw(st.sampled_from(ODD + ("split",))) for _ in range(draw(st.integers(1, 3)))}
+    carry = b""  # the tail of a record split across two frames ("split")
+    for k in range(n):
+        kind = odd.get(k)
+        lines = [_line("compact", s) for s in range(seq, seq + draw(st.integers(1, 6)))]
+        if kind == "multi-block":
+            lines[-1] = _padded(seq + len(lines) - 1)
+        content = carry + b"".join(line + b"\n" for line in lines)
+        carry = b""
+        level = draw(st.sampled_from((1, 3)))
+        if kind == "split":  # the frame ends inside a record the next frame finishes
+            cut = draw(st.integers(1, len(lines[-1])))
+            content, carry = content[: len(content) - len(lines[-1]) - 1 + cut], lines[-1][cut:] + b"\n"
+            out.append(compress_frame(content, level))
+        else:
+            out.append(compress_frame(content, level) if kind is None else _odd_frame(kind, content, level))
+        seq += len(lines)
+    data = b"".join(out)
+    if draw(st.integers(0, 3)) == 0:
+        data = data[: draw(st.integers(0, len(data)))]  # cut at any byte
+    return data
+
+
+@SETTINGS
+@given(data=runs_with_a_bad_frame(), limits=st.sampled_from(LIMITS), owned=st.booleans())
+def test_a_bad_frame_inside_a_run_of_frames(data, limits, owned):
+    """A frame with a wrong checksum or content size, cut inside a record, or otherwise
+    bad, anywhere in a run the fast path would batch (and any cut of such a log): the
+    same prefix, offsets and damage as the exact path."""
+    assert_same(data, limits, owned)
+
+
+@pytest.mark.parametrize("kind", ODD)
+def test_each_bad_frame_kind_in_the_middle_of_a_run(kind):
+    """Ten good frames, the odd one, ten good frames: the fast path agrees with the exact
+    path; the bad kinds stop the prefix at the odd frame, with a damage of the right kind."""
+    out = [compress_frame(encode_record(header_event("s"), 1, 1.0) + b"\n", 3)]
+    seq = 2
+    for k in range(21):
+        lines = [_line("compact", s) for s in range(seq, seq + 4)]
+        if k == 10 and kind == "multi-block":
+            lines[-1] = _padded(seq + 3)
+        content = b"".join(line + b"\n" for line in lines)
+        out.append(_odd_frame(kind, content, 3) if k == 10 else compress_frame(content, 3))
+        seq += 4
+    data = b"".join(out)
+    records, error, stable, last_seq, _, count, frames, skipped, damage = assert_same(data, Limits())
+    assert error is None
+    odd_at = sum(map(len, out[:11]))
+    if kind in ("no-size", "skippable", "multi-block"):
+        assert damage is None and count == 1 + 21 * 4 and stable == len(data)
+        assert skipped == (kind == "skippable")
+    else:
+        assert damage is not None and damage.kind is DamageKind.MID_LOG
+        assert stable == damage.offset == odd_at
+        assert count == last_seq == 1 + 10 * 4
+
+
+@pytest.mark.parametrize("kind", ("checksum", "size+1", "size-1", "block"))
+def test_every_cut_of_a_run_with_a_bad_frame(kind):
+    """A run with a bad frame in it, cut at every byte: fast path = exact path."""
+    out = [compress_frame(encode_record(header_event("s"), 1, 1.0) + b"\n", 3)]
+    seq = 2
+    for k in range(4):
+        content = b"".join(_line("compact", s) + b"\n" for s in range(seq, seq + 3))
+        out.append(_odd_frame(kind, content, 3) if k == 2 else compress_frame(content, 3))
+        seq += 3
+    data = b"".join(out)
+    for cut in range(len(out[0]) - 1, len(data) + 1):
+        assert_same(data[:cut], Limits())
+
+
+# --- walk_frame against the implementation it replaced -------------------------------
+
+def _reference_walk(get, pos, limits):
+    """walk_frame as it was before its header decode was table-driven (5359108): the
+    oracle the current one is compared with."""
+    from sessionlog.backends.zstd_frames import (MAX_BLOCK, SKIPPABLE_MAGIC, SKIPPABLE_MASK, ZSTD_MAGIC, Broken,
+                                                 Shape, _skippable_prefix, window_size)
+    data = get(pos, 18)
+    head = data[:4]
+    if len(head) < 4:
+        if ZSTD_MAGIC.startswith(head) or _skippable_prefix(head):
+            return Broken(pos, "frame magic cut short by EOF", torn=True)
+        return Broken(pos, "not a zstd frame")
+    if head != ZSTD_MAGIC:
+        magic = int.from_bytes(head, "little")
+        if magic & SKIPPABLE_MASK != SKIPPABLE_MAGIC:
+            return Broken(pos, "not a zstd frame (bad magic number)")
+        size_field = data[4:8]
+        if len(size_field) < 4:
+            return Broken(pos, "skippable frame header cut short by EOF", torn=True)
+        size = int.from_bytes(size_field, "little")
+        if size > limits.frame:
+            return Broken(pos, f"skippable frame of {size} bytes exceeds the frame limit of {limits.frame}",
+                          over_limit=True)
+        end = pos + 8 + size
+        if len(get(end - 1, 1)) < 1 and size:
+            return Broken(pos, "skippable frame cut short by EOF", torn=True)
+        return Shape(pos, end, skippable=True)
+    header = data[4:]
+    if not header:
+        return Broken(pos, "frame header cut short by EOF", torn=True)
+    fhd = header[0]
+    if fhd & 0x18:
+        return Broken(pos, "frame header reserved or unused bit is set")
+    fcs_flag, single, checksum, did_flag = fhd >> 6, fhd & 0x20, fhd & 0x04, fhd & 0x03
+    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    did_len = (0, 1, 2, 4)[did_flag]
+    wd_len = 0 if single else 1
+    header_len = 1 + wd_len + did_len + fcs_len
+    if len(header) < header_len:
+        return Broken(pos, "frame header cut short by EOF", torn=True)
+    i = 1
+    window = None
+    if not single:
+        window = window_size(header[1])
+        i = 2
+    dict_id = int.from_bytes(header[i : i + did_len], "little")
+    i += did_len
+    content_size = None
+    if fcs_len:
+        content_size = int.from_bytes(header[i : i + fcs_len], "little") + (256 if fcs_len == 2 else 0)
+    if window is not None and window > limits.window:
+        return Broken(pos, f"frame window of {window} bytes exceeds the window limit of {limits.window}",
+                      over_limit=True)
+    if content_size is not None and content_size > limits.content:
+        return Broken(pos, f"frame content of {content_size} bytes exceeds the frame limit of "
+                      f"{limits.content}", over_limit=True)
+    if dict_id:
+        return Broken(pos, f"frame needs dictionary {dict_id}; session logs use none")
+    if not checksum:
+        return Broken(pos, "frame has no content checksum")
+    at = pos + 4 + header_len
+    regenerated = 0
+    while True:
+        bh = data[at - pos : at - pos + 3] if at - pos + 3 <= len(data) else get(at, 3)
+        if len(bh) < 3:
+            return Broken(pos, "block cut short by EOF", torn=True)
+        word = bh[0] | bh[1] << 8 | bh[2] << 16
+        kind, size = (word >> 1) & 3, word >> 3
+        if kind == 3:
+            return Broken(pos, "reserved block type")
+        if size > MAX_BLOCK:
+            return Broken(pos, f"block of {size} bytes exceeds the 128 KiB block maximum")
+        if kind != 2:
+            regenerated += size
+        at += 4 if kind == 1 else 3 + size
+        if at - pos > limits.frame:
+            return Broken(pos, f"frame exceeds the frame limit of {limits.frame} bytes", over_limit=True)
+        if word & 1:
+            break
+    if content_size is not None and regenerated > content_size:
+        return Broken(pos, "blocks hold more than the frame's content size")
+    at += 4
+    if not get(at - 1, 1):
+        return Broken(pos, "block or content checksum cut short by EOF", torn=True)
+    return Shape(pos, at, skippable=False, content_size=content_size)
+
+
+@st.composite
+def frame_bytes(draw: st.DrawFn) -> bytes:
+    """Bytes at a frame start: a real frame (any level, with or without content size,
+    checksum, dictionary id, as one or many blocks), a skippable frame, or garbage; then
+    with header bytes overwritten, bytes flipped, or cut anywhere."""
+    what = draw(st.sampled_from(("frame", "frame", "frame", "skippable", "garbage")))
+    if what == "frame":
+        content = draw(st.sampled_from((b"", b"x", b'{"a":1}\n' * 40, bytes(range(256)) * 600, b"a" * 300000)))
+        params = dict(write_checksum=draw(st.booleans()), write_content_size=draw(st.booleans()),
+                      write_dict_id=False)
+        data = zstandard.ZstdCompressor(level=draw(st.sampled_from((-5, 1, 3, 19))), **params).compress(content)
+    elif what == "skippable":
+        data = SKIPPABLE + draw(st.binary(min_size=0, max_size=12))
+    else:
+        data = b"\x28\xb5\x2f\xfd" + draw(st.binary(max_size=40)) if draw(st.booleans()) else draw(st.binary(max_size=30))
+    data = bytearray(data)
+    for _ in range(draw(st.integers(0, 3))):
+        if not data:
+            break
+        at = draw(st.integers(0, min(len(data) - 1, 20) if draw(st.booleans()) else len(data) - 1))
+        data[at] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        del data[draw(st.integers(0, len(data))) :]
+    return bytes(data)
+
+
+@SETTINGS
+@given(prefix=st.binary(max_size=3), data=frame_bytes(), limits=st.sampled_from(LIMITS + (Limits(batch_limit=70000),)))
+def test_walk_frame_equals_its_reference(prefix, data, limits):
+    from sessionlog.backends.zstd_frames import FrameLimits, walk_frame
+    flimits = FrameLimits.from_limits(limits)
+    whole = prefix + data
+    get = lambda offset, n: whole[offset : offset + n]  # noqa: E731
+    assert walk_frame(get, len(prefix), flimits) == _reference_walk(get, len(prefix), flimits)
+
+
+@SETTINGS
+@given(prefix=st.binary(max_size=3), data=frame_bytes(), suffix=st.binary(max_size=20),
+       limits=st.sampled_from(LIMITS + (Limits(batch_limit=70000),)))
+def test_the_buffered_walk_is_walk_frame_or_declines(prefix, data, suffix, limits):
+    """The fast path's walk over the buffer says what walk_frame says, or nothing."""
+    from sessionlog.backends.zstd_frames import FrameLimits, _walk_buffered, walk_frame
+    flimits = FrameLimits.from_limits(limits)
+    whole = prefix + data + suffix
+    get = lambda offset, n: whole[offset : offset + n]  # noqa: E731
+    for base in (0, 1000):
+        shape = _walk_buffered(whole, len(prefix), base, flimits)
+        if shape is not None:
+            expect = walk_frame(get, len(prefix), flimits)
+            assert (shape.start - base, shape.end - base, shape.skippable, shape.content_size) == (
+                expect.start, expect.end, expect.skippable, expect.content_size)
+
+
+def test_the_buffered_walk_takes_every_frame_a_scan_writes():
+    """Not a walk that always declines: every frame of a clean log (one or many blocks,
+    with or without a content size) is walked in the buffer, as walk_frame walks it."""
+    from sessionlog.backends.zstd_frames import FrameLimits, _walk_buffered, walk_frame
+    flimits = FrameLimits.from_limits(Limits())
+    no_size = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=False)
+    data = _clean_log(frames=6, per_frame=20) + compress_frame(_padded(122) + b"\n", 3) + no_size.compress(
+        _line("compact", 123) + b"\n") + b"\0" * 18
+    get = lambda offset, n: data[offset : offset + n]  # noqa: E731
+    pos = walked = 0
+    while pos < len(data) - 18:
+        shape = _walk_buffered(data, pos, 0, flimits)
+        assert shape is not None and shape == walk_frame(get, pos, flimits)
+        pos = shape.end
+        walked += 1
+    assert walked == 9
