@@ -266,20 +266,14 @@ class _Decompressors(threading.local):
 _DCTX = _Decompressors()
 
 
-def _decompressor(limits: FrameLimits) -> zstandard.ZstdDecompressor:
-    """This thread's decompressor for ``limits`` (a decompressor is not thread-safe)."""
-    dctx = _DCTX.by_window.get(limits.window)
-    if dctx is None:
-        dctx = _DCTX.by_window[limits.window] = zstandard.ZstdDecompressor(max_window_size=limits.window)
-    return dctx
-
-
 def decompress_frame(frame: bytes | memoryview, shape: Shape, limits: FrameLimits) -> bytes | str:
     """The verified content of a structurally whole frame, or a reason it is bad.
 
     The decompressor checks the content checksum and the declared content size; output
     is bounded by the frame limit either way."""
-    dctx = _decompressor(limits)
+    dctx = _DCTX.by_window.get(limits.window)
+    if dctx is None:
+        dctx = _DCTX.by_window[limits.window] = zstandard.ZstdDecompressor(max_window_size=limits.window)
     try:
         content = dctx.decompress(frame, max_output_size=limits.content)
     except zstandard.ZstdError as exc:
@@ -569,14 +563,9 @@ class FrameScan:
         that decompress and verify, each content ending in a newline, their contents
         adding up to at most ``span`` bytes (at least one frame). Stops before anything
         else (EOF, a skippable or broken frame, one that does not verify, a content that
-        is empty or cut inside a record): the exact path takes that frame.
-
-        Each frame is verified as :func:`decompress_frame` does (inlined: this runs once
-        per frame of the log)."""
+        is empty or cut inside a record): the exact path takes that frame."""
         stream, flimits = self._stream, self.frame_limits
         get = stream.get
-        decompress = _decompressor(flimits).decompress
-        max_output = flimits.content
         shapes: list[Shape] = []
         contents: list[bytes] = []
         total = 0
@@ -591,17 +580,9 @@ class FrameScan:
             if contents and (size is None or total + size > span):
                 self._ahead = shape  # where the next batch starts: not walked twice
                 break
-            # walk_frame read the frame's last byte, and nothing before pos is released:
-            # the whole frame is in the buffer (else view reads it).
             end = shape.end
-            buf = stream.buf
-            i, j = pos - stream.base, end - stream.base
-            frame = memoryview(buf)[i:j] if 0 <= i and j <= len(buf) else stream.view(pos, end - pos)
-            try:
-                content = decompress(frame, max_output_size=max_output)
-            except zstandard.ZstdError:
-                break
-            if (size is not None and len(content) != size) or content[-1:] != b"\n":
+            content = decompress_frame(stream.view(pos, end - pos), shape, flimits)
+            if isinstance(content, str) or content[-1:] != b"\n":
                 break
             shapes.append(shape)
             contents.append(content)

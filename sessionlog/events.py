@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate, repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
@@ -848,7 +848,6 @@ _FRESH = list[_Fresh]
 _FRESH_WITHOUT_TS = list[_FreshWithoutTs]
 _DICT = frozenset({dict})
 _SEQUENCES = frozenset({list, tuple})
-_type_of = attrgetter("type")
 
 
 def _encode_lines_each(bodies: list[dict[str, Any]]) -> list[bytes]:
@@ -1032,8 +1031,7 @@ def _plain(events: Sequence[dict[str, Any]]) -> bool:
         depth += 1
 
 
-_DICT_OR_SEQUENCE = _DICT | _SEQUENCES
-_PLAIN_KINDS = _SCALARS | _DICT_OR_SEQUENCE
+_PLAIN_KINDS = _SCALARS | _DICT | _SEQUENCES
 
 
 def _members_of(values: Sequence[Any]) -> list[Any]:
