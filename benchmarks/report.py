@@ -18,6 +18,7 @@ GROUP_TITLES = {
     "peer": "Peers",
     "scan": "Scan / recovery",
     "scan-shape": "Scan of adversarial log shapes (in memory, bytes/s)",
+    "zstd-shape": "Zstd scan of other frame shapes (in memory, bytes/s of content)",
     "repair": "Repair",
     "compression": "Compression",
     "encode": "Encoding an append batch (encode_batch, no I/O)",
@@ -40,6 +41,8 @@ def reference_of(rid: str, row: dict[str, Any]) -> str | None:
         return "scan/msgspec-baseline"
     if group == "scan-shape" and rid != "scan-shape/compact":
         return "scan-shape/compact"
+    if group == "zstd-shape" and rid != "zstd-shape/frames-64":
+        return "zstd-shape/frames-64"
     if group == "encode" and rid in ("encode/flat", "encode/transcript"):
         return "encode/msgspec-" + rid.rsplit("/", 1)[1]  # msgspec alone, the same events
     if group == "encode-shape" and rid != "encode-shape/transcript":

@@ -60,7 +60,7 @@ def _order(case: Case) -> tuple[int, int]:
     """Round order: cases compared with each other run next to each other."""
     batch = case.meta.get("batch") or case.meta.get("per_sync") or 0
     rank = {"ceiling": 0, "append": 1, "peer": 2, "sessions": 3, "write-behind": 4, "scan": 5, "scan-shape": 6,
-            "repair": 7}
+            "zstd-shape": 7, "repair": 8}
     if case.group in ("ceiling", "append", "peer"):
         return ({1: 0, 64: 1, 1024: 2}.get(batch, 3), rank[case.group])
     if case.group == "write-behind" and case.meta.get("producers") == 1:
@@ -139,6 +139,7 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
             f.writelines(line + b"\n" for line in corpus.body)
     cases.append(scans.msgspec_case(baseline_path, corpus.count()))
     cases += scans.shape_cases(corpus, max_bytes=2 << 20 if settings.smoke else 16 << 20)
+    cases += scans.zstd_shape_cases(corpus, max_bytes=2 << 20 if settings.smoke else 16 << 20)
     cases += encodes.encode_cases()
     c, r = scans.repair_cases(backends, corpus)
     cases += c
@@ -191,7 +192,8 @@ def _run(settings: Settings, tmp: str, progress: Callable[[str], None], stack: c
 
 def _report_order(by_id: dict[str, Result]) -> list[str]:
     """Table order: by group, then backend (as in the URL list), then batch size."""
-    groups = ["ceiling", "append", "sessions", "write-behind", "peer", "scan", "repair", "compression", "encode", "encode-shape", "encode-scale"]
+    groups = ["ceiling", "append", "sessions", "write-behind", "peer", "scan", "scan-shape", "zstd-shape", "repair",
+              "compression", "encode", "encode-shape", "encode-scale"]
     names = ["raw", "jsonl", "zstd", "sqlite", "postgresql"]
     index = {rid: i for i, rid in enumerate(by_id)}
 

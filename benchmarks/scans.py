@@ -347,3 +347,103 @@ def shape_cases(corpus: Corpus, max_bytes: int = 16 << 20) -> list[Case]:
         cases.append(Case(shape_id(shape), "scan-shape", f"scan of {len(data) / 1e6:.0f} MB: {what}", op,
                           timed=False, unit="bytes/s", meta={"shape": shape, "logical_bytes": len(data)}))
     return cases
+
+
+# --- adversarial Zstd shapes -----------------------------------------------------------
+# The Zstd scan's fast path decodes runs of whole frames as one region and takes a frame
+# only when all of its records are proven; frames it cannot take go to the exact path one
+# by one. Each shape is the corpus's first records framed another way, scanned in memory
+# by the engine's own frame scanner, against the same records in 64-record frames (what
+# batches of 64 appends write). Units are bytes of JSONL content.
+
+ZSTD_SHAPES: dict[str, str] = {
+    "frames-64": "64 records per frame (the reference: appends of 64)",
+    "one-record-frames": "one record per frame (appends of one)",
+    "1mib-frames": "frames of up to 1 MiB of records (what convert writes)",
+    "no-content-size": "64-record frames without a content size (a streaming compressor's headers)",
+    "skippable-frames": "a skippable frame after every 64-record frame",
+    "spaced-frames": "64-record frames of lines written with spaces (json.dumps defaults)",
+    "bad-checksum-mid-log": "frame 2 fails its checksum (mid-log: the rest is walked)",
+}
+
+
+def zstd_shape_id(shape: str) -> str:
+    return f"zstd-shape/{shape}"
+
+
+def zstd_shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> tuple[bytes, int, int]:
+    """The corpus's first records (at most ``max_bytes`` of JSONL) as one Zstd log in
+    ``shape``, the bytes of JSONL content it holds and its number of records."""
+    import json
+    import struct
+
+    import zstandard
+
+    from sessionlog.backends.zstd import DEFAULT_LEVEL, compress_frame
+
+    header = corpus.header("shape") + b"\n"
+    body: list[bytes] = []
+    size = 0
+    for line in corpus.body:
+        body.append(line + b"\n")
+        size += len(line) + 1
+        if size >= max_bytes:
+            break
+    if shape == "spaced-frames":
+        body = [json.dumps(json.loads(line), ensure_ascii=False).encode() + b"\n" for line in body]
+    groups: list[list[bytes]] = []
+    if shape == "one-record-frames":
+        groups = [[line] for line in body]
+    elif shape == "1mib-frames":
+        group: list[bytes] = []
+        filled = 0
+        for line in body:
+            if group and filled + len(line) > 1 << 20:
+                groups.append(group)
+                group, filled = [], 0
+            group.append(line)
+            filled += len(line)
+        groups.append(group)
+    else:
+        groups = [body[i : i + FRAME_RECORDS] for i in range(0, len(body), FRAME_RECORDS)]
+    if shape == "no-content-size":
+        cctx = zstandard.ZstdCompressor(level=DEFAULT_LEVEL, write_checksum=True, write_content_size=False)
+        frames = [cctx.compress(b"".join(group)) for group in groups]
+    else:
+        frames = [compress_frame(b"".join(group), DEFAULT_LEVEL) for group in groups]
+    if shape == "skippable-frames":
+        skippable = struct.pack("<II", 0x184D2A50, 8) + bytes(8)
+        frames = [frame + skippable for frame in frames]
+    elif shape == "bad-checksum-mid-log":
+        frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 0xFF])  # the checksum's last byte
+    content = len(header) + sum(map(len, body))
+    return compress_frame(header, DEFAULT_LEVEL) + b"".join(frames), content, len(body) + 1
+
+
+def zstd_shape_cases(corpus: Corpus, max_bytes: int = 16 << 20) -> list[Case]:
+    """A Zstd scan case per shape (see :data:`ZSTD_SHAPES`), each of about ``max_bytes``
+    of JSONL content."""
+    import io
+
+    from sessionlog.backends.zstd_frames import FrameScan
+
+    cases = []
+    for shape, what in ZSTD_SHAPES.items():
+        data, content, records = zstd_shaped_log(corpus, shape, max_bytes)
+        # What the scan must find: every record, or the records before the bad frame.
+        expect = (1 + FRAME_RECORDS, True) if shape == "bad-checksum-mid-log" else (records, False)
+
+        def op(data: bytes = data, content: int = content, shape: str = shape,
+               expect: tuple[int, bool] = expect) -> Work:
+            scanner = FrameScan(io.BytesIO(data).read, session_id="shape", where="<bytes>")
+            for _ in scanner.runs():
+                pass
+            if (scanner.count, scanner.damage is not None) != expect:
+                raise RuntimeError(f"zstd shape {shape}: {scanner.count} records, damage {scanner.damage}; "
+                                   f"expected {expect}")
+            return content, content
+
+        cases.append(Case(zstd_shape_id(shape), "zstd-shape", f"zstd scan of {content / 1e6:.0f} MB: {what}", op,
+                          timed=False, unit="bytes/s",
+                          meta={"shape": shape, "logical_bytes": content, "stored_bytes": len(data)}))
+    return cases

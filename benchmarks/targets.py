@@ -100,6 +100,7 @@ def all_targets(backends: list[str]) -> list[Target]:
                    "compression/zstd/stored-64", None, 1.0, constant=3.5),
         ]
     out += shape_targets()
+    out += zstd_shape_targets()
     out += encode_targets()
     out += [
         Target("agents-adapter", "Agents SDK SessionLogSession (jsonl) / SQLiteSession, add_items of 1 item",
@@ -116,6 +117,15 @@ def shape_targets() -> list[Target]:
 
     return [Target(f"scan-shape-{shape}", f"scan, {what} / compact", shape_id(shape), shape_id("compact"), 1 / 3)
             for shape, what in SHAPES.items() if shape != "compact"]
+
+
+def zstd_shape_targets() -> list[Target]:
+    """Each Zstd frame shape scans within 3x of 64-record frames (bytes/s of content)."""
+    from .scans import ZSTD_SHAPES, zstd_shape_id
+
+    return [Target(f"zstd-shape-{shape}", f"zstd scan, {what} / 64 records per frame", zstd_shape_id(shape),
+                   zstd_shape_id("frames-64"), 1 / 3)
+            for shape in ZSTD_SHAPES if shape != "frames-64" for what in [ZSTD_SHAPES[shape]]]
 
 
 def encode_targets() -> list[Target]:

@@ -81,6 +81,14 @@ def _check_document(doc: dict[str, Any]) -> None:
         floor = by_id[f"encode-{what}-floor"]
         assert floor["verdict"] == "INFO" and 0 < floor["ratio"] == pytest.approx(
             results[f"encode/{what}"]["median"] / results[f"encode/msgspec-{what}"]["median"])
+    # Every Zstd frame shape is scanned (its op checks what the scan found) and read
+    # against 64-record frames.
+    from sessionlog.bench.scans import ZSTD_SHAPES
+
+    for shape in ZSTD_SHAPES:
+        _positive(results[f"zstd-shape/{shape}"])
+        if shape != "frames-64":
+            assert by_id[f"zstd-shape-{shape}"]["verdict"] in ("PASS", "MISS")
     memory = doc["memory"]
     assert memory["exit_code"] == 0 and memory["status"] == "clean"
     assert memory["scanned_records"] == memory["log_records"] > 1

@@ -201,6 +201,33 @@ def test_the_fast_path_takes_whole_runs_of_frames():
     assert stable == len(data) and frames == 51 and count == last_seq == 1 + 50 * 64 == len(records)
 
 
+@pytest.mark.parametrize("kind", KINDS + ("padded",))
+def test_a_frame_larger_than_a_region(kind):
+    """A frame of ~300 kB (``convert`` and ``compact`` write frames of up to a batch
+    limit; the fast path takes a frame larger than its region alone): the same result as
+    the exact path whatever one line past its first 128 KiB holds, and a clean one taken
+    whole (one run, every record)."""
+    out = [compress_frame(encode_record(header_event("s"), 1, 1.0) + b"\n", 3)]
+    lines, size, seq = [], 0, 2
+    while size < 300_000:
+        odd = kind if 2 * REGION < size < 2 * REGION + 100 else "compact"
+        line = _padded(seq) if odd == "padded" else _line(odd, seq)
+        lines.append(line)
+        size += len(line) + 1
+        seq += 1
+    out.append(compress_frame(b"".join(line + b"\n" for line in lines), 3))
+    data = b"".join(out)
+    limits = Limits(record_limit=1 << 20, batch_limit=1 << 20)
+    exact = assert_same(data, limits)
+    if kind in VALID + ("padded", "long"):  # "long" is within these limits
+        records, error, stable, last_seq, _, count, frames, skipped, damage = exact
+        assert error is None and damage is None and frames == 2 and count == last_seq == seq - 1
+        scanner = FrameScan(io.BytesIO(data).read, session_id="s", where="<mem>", limits=limits)
+        assert [len(run) for run in scanner.runs()] == [1, seq - 2]  # the big frame is one run
+    else:
+        assert exact[8] is not None or exact[1] is not None  # the frame is damage, whole
+
+
 def test_a_mostly_odd_log_stays_linear():
     """Every frame holds a record only the exact rules accept (spaces): each batch fails,
     the next is smaller, and the result is the exact path's."""
