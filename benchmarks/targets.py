@@ -125,7 +125,7 @@ def zstd_shape_targets() -> list[Target]:
 
     return [Target(f"zstd-shape-{shape}", f"zstd scan, {what} / 64 records per frame", zstd_shape_id(shape),
                    zstd_shape_id("frames-64"), 1 / 3)
-            for shape in ZSTD_SHAPES if shape != "frames-64" for what in [ZSTD_SHAPES[shape]]]
+            for shape, what in ZSTD_SHAPES.items() if shape != "frames-64"]
 
 
 def encode_targets() -> list[Target]:
