@@ -303,13 +303,7 @@ def shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> bytes:
     import json
 
     header = corpus.header("shape")
-    body: list[bytes] = []
-    size = 0
-    for line in corpus.body:
-        body.append(line)
-        size += len(line) + 1
-        if size >= max_bytes:
-            break
+    body, size = _first_lines(corpus, max_bytes)
     if shape == "spaced":
         body = [json.dumps(json.loads(line), ensure_ascii=False).encode() for line in body]
     elif shape == "crlf":
@@ -330,6 +324,19 @@ def shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> bytes:
     elif shape == "invalid-utf8-mid-log":
         body[0] = body[0][:-1] + b',"bad":"\xff"}'
     return b"\n".join([header, *body]) + b"\n"
+
+
+def _first_lines(corpus: Corpus, max_bytes: int) -> tuple[list[bytes], int]:
+    """The corpus's first record lines (no newlines) until they reach ``max_bytes`` with
+    their newlines, and that size."""
+    body: list[bytes] = []
+    size = 0
+    for line in corpus.body:
+        body.append(line)
+        size += len(line) + 1
+        if size >= max_bytes:
+            break
+    return body, size
 
 
 def shape_cases(corpus: Corpus, max_bytes: int = 16 << 20) -> list[Case]:
@@ -380,15 +387,10 @@ def zstd_shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> tu
     import zstandard
 
     from sessionlog.backends.zstd import DEFAULT_LEVEL, compress_frame
+    from sessionlog.backends.zstd_frames import SKIPPABLE_MAGIC
 
     header = corpus.header("shape") + b"\n"
-    body: list[bytes] = []
-    size = 0
-    for line in corpus.body:
-        body.append(line + b"\n")
-        size += len(line) + 1
-        if size >= max_bytes:
-            break
+    body = [line + b"\n" for line in _first_lines(corpus, max_bytes)[0]]
     if shape == "spaced-frames":
         body = [json.dumps(json.loads(line), ensure_ascii=False).encode() + b"\n" for line in body]
     groups: list[list[bytes]] = []
@@ -412,7 +414,7 @@ def zstd_shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> tu
     else:
         frames = [compress_frame(b"".join(group), DEFAULT_LEVEL) for group in groups]
     if shape == "skippable-frames":
-        skippable = struct.pack("<II", 0x184D2A50, 8) + bytes(8)
+        skippable = struct.pack("<II", SKIPPABLE_MAGIC, 8) + bytes(8)
         frames = [frame + skippable for frame in frames]
     elif shape == "bad-checksum-mid-log":
         frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 0xFF])  # the checksum's last byte
