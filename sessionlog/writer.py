@@ -32,10 +32,13 @@ sync).
 
 Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever raised:
 
-- An event the store refuses (not an event, not serializable, nested too deep, over a
-  size limit: :class:`~sessionlog.InvalidEvent`) fails only its producer: ``submit``
-  raises at once when the event cannot be encoded, and a batch the store refuses is
-  split until the refused producer is found; everything else is written, in order.
+- An event the store refuses (not an event, no ``type``, a ``seq`` of its own, not
+  serializable, nested too deep, over a size limit: :class:`~sessionlog.InvalidEvent`)
+  fails only its producer: ``submit`` and ``append`` check the events as the store does
+  and raise at once, accepting nothing. A batch the store still refuses when written (a
+  record that a longer seq pushes over the record limit) is split until the refused
+  producer is found; its future fails, ``on_error`` hears of it when no ``append`` was
+  awaiting it, and everything else is written, in order.
 - A batch that failed and was rolled back goes back to the head of the queue, in order,
   and the automatic path pauses. The failure is reported to ``on_error``. Producers
   awaiting :meth:`WriteBehind.append` get the failure at once and their events are
@@ -64,7 +67,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 
 from .contract import (
     AppendFailed,
@@ -80,13 +82,11 @@ from .contract import (
     events_list,
 )
 from .events import Record
-from .scan import DEFAULT_LIMITS
+from .scan import DEFAULT_LIMITS, batch_size, encode_batch
 
-ENVELOPE_BYTES = 64
-"""Bytes counted per event for the envelope the store adds (``{"seq":…,"ts":…,``) and
-its framing, when a batch is bounded by bytes before it is encoded."""
-
-_encoder = msgspec.json.Encoder()
+SEQ_MARGIN = 16
+"""Bytes counted per record on top of its line encoded at seq 1, when a batch is bounded by
+bytes before its seqs are known (a seq has at most this many more digits)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -145,8 +145,9 @@ class WriteBehind:
         self.store = store
         self.max_delay = max_delay
         self.max_batch = max_batch
+        self._limits = getattr(store, "limits", None) or DEFAULT_LIMITS
         if max_batch_bytes is None:
-            limit = getattr(getattr(store, "limits", None), "batch_limit", DEFAULT_LIMITS.batch_limit)
+            limit = self._limits.batch_limit
             max_batch_bytes = max(limit - limit // 16, 1)
         self.max_batch_bytes = max_batch_bytes
         self.lock_wait = lock_wait
@@ -177,9 +178,10 @@ class WriteBehind:
         ``expect_seq`` (else the future fails with SequenceConflict; nothing else does).
 
         Raises at once, accepting nothing: StoreClosed after close() began; InvalidEvent
-        when the events cannot be encoded (not mappings, not serializable, nested too
-        deep) or are larger than a batch; the session's failure while it is paused or
-        stopped."""
+        when the store would refuse the events (the same rules as ``store.append``: not
+        mappings, no type, a seq of their own, not serializable, nested too deep, over the
+        record limit) or they are larger than a batch; the session's failure while it is
+        paused or stopped."""
         lane, pending = self._accept(session_id, events, expect_seq)
         self._start(lane)
         return pending.future
@@ -196,7 +198,7 @@ class WriteBehind:
         if failure is not None:
             raise failure
         batch = events.copy() if type(events) is list else events_list(events)
-        nbytes = _encoded_size(batch)
+        nbytes = self._checked_size(batch)
         if nbytes > self.max_batch_bytes:
             raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
                                f"({self.max_batch_bytes} bytes); split them")
@@ -208,6 +210,18 @@ class WriteBehind:
         lane.last = pending
         self._accepted += 1
         return lane, pending
+
+    def _checked_size(self, batch: list[Mapping[str, Any]]) -> int:
+        """Bytes ``batch`` takes in a write, once every event in it is checked as the
+        store checks it (the same rules, the same InvalidEvent naming the event at fault):
+        an event the store would refuse is refused now, not after its producer has moved
+        on. Only the record limit is checked at seq 1 (a later seq has more digits); a
+        record that it pushes over the limit fails when written, and ``on_error`` hears
+        of it."""
+        if not batch:
+            return 0
+        lines = encode_batch(batch, 1, self._limits)
+        return batch_size(lines) + SEQ_MARGIN * len(lines)
 
     async def append(self, session_id: str, events: Sequence[Mapping[str, Any]], *,
                      expect_seq: int | None = None) -> int:
@@ -452,6 +466,8 @@ class WriteBehind:
             except InvalidEvent as exc:
                 if len(part) == 1:
                     _refuse(part[0], exc)
+                    if not part[0].awaited:  # a producer that moved on hears of it here too
+                        self._report(lane, exc)
                 else:
                     middle = len(part) // 2
                     parts.extendleft((part[middle:], part[:middle]))
@@ -695,15 +711,6 @@ class WriterSession:
 class _Refused(InvalidEvent):
     """The store raised something other than a SessionLogError before writing (an
     encoder's RecursionError...): the events are refused, as an InvalidEvent."""
-
-
-def _encoded_size(events: list[Mapping[str, Any]]) -> int:
-    """Bytes the events take encoded (plus the envelope); InvalidEvent when they cannot
-    be encoded at all."""
-    try:
-        return len(_encoder.encode(events)) + ENVELOPE_BYTES * len(events)
-    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
-        raise InvalidEvent(f"events cannot be encoded: {type(exc).__name__}: {exc}") from None
 
 
 def _as_error(exc: BaseException) -> SessionLogError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import re
 
 import pytest
 from sessionlog.backends.jsonl import open_jsonl
@@ -119,22 +120,83 @@ def test_writer_owns_its_sessions_until_closed(tmp_path):
     asyncio.run(main())
 
 
-def test_an_invalid_event_fails_only_its_producer(tmp_path):
-    store = open_jsonl(str(tmp_path))
+REFUSED = [
+    pytest.param([{"no": "type"}], id="no-type"),
+    pytest.param([{"type": ""}], id="empty-type"),
+    pytest.param([{"type": "ok", "seq": 7}], id="own-seq"),
+    pytest.param([{"type": "ok", "ts": "noon"}], id="ts-not-a-number"),
+    pytest.param([{"type": "ok", 1: "int key"}], id="non-str-key"),
+    pytest.param([{"type": "ok", "v": object()}], id="not-serializable"),
+    pytest.param([{"type": "ok", "v": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[
+        [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]
+        ]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}], id="nested-too-deep"),
+    pytest.param([{"type": "ok"}, "not a mapping"], id="not-a-mapping"),
+    pytest.param([{"type": "ok", "pad": "x" * 5000}], id="over-the-record-limit"),
+]
+
+
+@pytest.mark.parametrize("events", REFUSED)
+@pytest.mark.parametrize("how", ["submit", "append"])
+def test_events_the_store_would_refuse_are_refused_at_once(tmp_path, events, how):
+    """Whatever ``store.append`` refuses, the write-behind refuses when it is offered,
+    naming the event, and accepts nothing of the batch: a producer that submits and moves
+    on never loses events silently."""
+    from sessionlog.scan import Limits
+
+    store = open_jsonl(str(tmp_path), limits=Limits(record_limit=4096))
     store.create("s1")
+    with pytest.raises(sessionlog.InvalidEvent) as direct:
+        store.append("s1", events)
+    errors = []
 
     async def main():
-        async with WriteBehind(store, max_delay=0.01) as w:
+        async with WriteBehind(store, max_delay=0.01, on_error=lambda sid, exc: errors.append(exc)) as w:
             good = w.submit("s1", [{"type": "ok", "i": 1}])
-            bad = w.submit("s1", [{"no": "type"}])
+            with pytest.raises(sessionlog.InvalidEvent) as refused:
+                if how == "submit":
+                    w.submit("s1", events)
+                else:
+                    await w.append("s1", events)
             good2 = w.submit("s1", [{"type": "ok", "i": 2}])
-            assert await good == 2
-            with pytest.raises(sessionlog.InvalidEvent):
-                await bad
-            assert await good2 == 3
+            await w.flush("s1")
+            assert (await good, await good2) == (2, 3)
+            return refused.value
 
-    asyncio.run(main())
-    assert [r["type"] for r in store.read("s1")] == ["session/start", "ok", "ok"]
+    refused = asyncio.run(main())
+    # The store's own words, naming the event (a size is measured at seq 1, not the next).
+    assert re.sub(r"\d+ bytes", "N bytes", str(refused)) == re.sub(r"\d+ bytes", "N bytes", str(direct.value))
+    assert [r.get("i") for r in store.read("s1")] == [None, 1, 2]
+    assert errors == []
+
+
+def test_a_record_pushed_over_the_limit_by_its_seq_fails_only_its_producer(tmp_path):
+    """The one refusal left for the write itself: a record that fits the record limit at
+    seq 1 (where it was checked) and not at its real seq. Its future fails, ``on_error``
+    hears of it (its producer may have moved on), the others are written in order."""
+    from sessionlog.events import encode_record
+    from sessionlog.scan import Limits
+
+    event = {"type": "ok", "ts": 1_764_000_000.25, "pad": "x" * 200}  # its own ts: a known length
+    at_one = len(encode_record(event, 1))
+    store = open_jsonl(str(tmp_path), limits=Limits(record_limit=at_one))
+    store.create("s1", [{"type": "x"}] * 8)  # the next seq is 10: one digit more
+    errors = []
+
+    async def main():
+        async with WriteBehind(store, max_delay=0.01, on_error=lambda sid, exc: errors.append(exc)) as w:
+            good = w.submit("s1", [{"type": "ok", "i": 1}])
+            bad = w.submit("s1", [event])
+            good2 = w.submit("s1", [{"type": "ok", "i": 2}])
+            await w.flush("s1")  # a producer's own refusal is not the session's failure
+            assert await good == 10
+            with pytest.raises(sessionlog.InvalidEvent, match="record limit"):
+                await bad
+            assert await good2 == 11
+            return bad.exception()
+
+    refused = asyncio.run(main())
+    assert errors == [refused]
+    assert [r.get("i") for r in store.read("s1")][-2:] == [1, 2]
 
 
 class Handle:
@@ -231,15 +293,19 @@ def test_close_fails_and_drops_what_cannot_be_written(tmp_path):
 
 
 def test_an_error_while_isolating_an_invalid_event_keeps_the_rest_queued(tmp_path):
-    store = open_jsonl(str(tmp_path))
+    from sessionlog.scan import Limits
+
+    store = open_jsonl(str(tmp_path), limits=Limits(record_limit=4096))
     store.create("s1")
-    # the grouped batch is refused (invalid event), then the first single write fails
+    # the grouped batch is refused (a record over the store's limit: the scripted store
+    # does not say its limits, so submit checked the default ones), then the first
+    # single write fails
     scripted = ScriptedStore(store, [None, AppendFailed("disk hiccup")])
 
     async def main():
         w = WriteBehind(scripted, max_delay=0.02)
         good = w.submit("s1", [{"type": "ok", "i": 1}])
-        bad = w.submit("s1", [{"no": "type"}])
+        bad = w.submit("s1", [{"type": "big", "pad": "x" * 5000}])
         good2 = w.submit("s1", [{"type": "ok", "i": 2}])
         await asyncio.sleep(0.2)
         assert not good.done() and not good2.done()
@@ -412,11 +478,10 @@ def test_a_deeply_nested_event_fails_only_its_producer(tmp_path):
             goods = [w.submit("s1", [{"type": "ok", "i": i}]) for i in range(3)]
             with pytest.raises(sessionlog.InvalidEvent):  # cannot even be encoded: refused at once
                 w.submit("s1", [{"type": "deep", "v": _nested(100_000)}])
-            too_deep = w.submit("s1", [{"type": "deep", "v": _nested(300)}])  # encodes; the store refuses
+            with pytest.raises(sessionlog.InvalidEvent, match="deeper than 128"):  # encodes; the store would refuse it
+                w.submit("s1", [{"type": "deep", "v": _nested(300)}])
             goods += [w.submit("s1", [{"type": "ok", "i": i}]) for i in range(3, 6)]
-            await w.flush("s1")  # one producer's refusal is not the session's failure
-            with pytest.raises(sessionlog.InvalidEvent):
-                await too_deep
+            await w.flush("s1")
             return [await g for g in goods]
 
     assert asyncio.run(main()) == [2, 3, 4, 5, 6, 7]
@@ -507,9 +572,9 @@ class GroupSpy:
     """A real SQL store, seen through: records the size of every append_group call and
     can make one group's commit reply go missing (after it committed)."""
 
-    def __init__(self, store, lose_reply_of_group=None):
+    def __init__(self, store, lose_reply_of_group=None, limits=None):
         self.store, self.groups, self.lose = store, [], lose_reply_of_group
-        self.limits = store.limits
+        self.limits = limits or store.limits  # what it tells the write-behind to check at submit
 
     def session(self, sid, **kw):
         return self.store.session(sid, **kw)
@@ -561,13 +626,17 @@ def test_a_refused_batch_in_a_group_fails_only_its_producer(sql_store):
     ids = [f"b{i}" for i in range(6)]
     for sid in ids:
         sql_store.create(sid)
-    spy = GroupSpy(sql_store)
+    from sessionlog.scan import Limits
+
+    # The spy says it takes records of up to 2 MiB; the store behind it refuses them
+    # over 1 MiB, when the group is written.
+    spy = GroupSpy(sql_store, limits=Limits(record_limit=2 << 20, batch_limit=2 << 20))
 
     async def main():
         async with WriteBehind(spy, max_delay=0.02) as w:
             await asyncio.gather(*(w.append(sid, [{"type": "warm"}]) for sid in ids))  # own every session
             futures = {sid: w.submit(sid, [{"type": "ok"}]) for sid in ids}
-            bad = w.submit("b3", [{"type": "deep", "v": _nested(300)}])  # encodes, the store refuses it
+            bad = w.submit("b3", [{"type": "big", "pad": "x" * (1200 << 10)}])  # the store refuses it
             after = w.submit("b3", [{"type": "after"}])
             await w.flush()
             with pytest.raises(sessionlog.InvalidEvent):
