@@ -41,7 +41,7 @@ from .delivery import pending_deliveries
 from .extras import MissingExtra
 from .events import FORMAT, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Record
 from .projection import UnknownFormat, check_pairing, project
-from .recovery import NotAwaitingApproval, OutsideStep, StepScope, ToolOutcome, dispatch_tools
+from .recovery import CallNotPending, NotAwaitingApproval, OutsideStep, StepScope, ToolOutcome, dispatch_tools
 from .scan import Limits
 from .writer import WriteBehind
 
@@ -122,6 +122,7 @@ __all__ = [
     "StoreClosed",
     "UnknownFormat",
     "UnsupportedFormat",
+    "CallNotPending",
     "NotAwaitingApproval",
     "OutsideStep",
     "StepScope",

@@ -277,6 +277,23 @@ class StepScope:
             event["code"] = outcome.code
         return event
 
+    def check_pending(self, call: ToolCallRequest) -> None:
+        """Raise :class:`CallNotPending` unless ``call`` is one the assistant asked for
+        that has no result yet and does not await approval: what may run now. A body run
+        twice would repeat its side effect and give the call two results."""
+        found = self.tracker.pending(call.id)
+        if found is None:
+            raise CallNotPending(
+                f"call {call.id!r} ({call.name}) is not owed a result: it already has one, or no "
+                "assistant/message the scope knows of asked for it (append the assistant's message "
+                "through the scope, or give the scope a tracker fed with the session); not run"
+            )
+        if found.approval == "requested":
+            raise CallNotPending(
+                f"call {call.id!r} ({call.name}) awaits a human's approval (tool/approval 'requested' "
+                f"at seq {found.approval_seq}): approve it first; not run"
+            )
+
     def tool_call(self, call: ToolCallRequest | Mapping[str, Any], *, errors: str = "result") -> ToolCall:
         """A :class:`ToolCall` scope for one of the assistant's calls (``{"id","name",
         "arguments"}`` or a ToolCallRequest): ``async with step.tool_call(call) as tc``."""
@@ -404,6 +421,12 @@ class NotAwaitingApproval(SessionLogError):
     """An approval was resolved for a call that is not awaiting one."""
 
 
+class CallNotPending(SessionLogError):
+    """A tool call was to be run that is not owed a result: it already has one, the
+    assistant never asked for it (in the scope's view of the session), or it awaits a
+    human's approval. Nothing was written and the body did not run."""
+
+
 class OutsideStep(SessionLogError):
     """A step-scoped record (a tool call, an approval) was asked for while the scope knows
     no open step: it would be written with no ``turn`` or ``step``."""
@@ -490,6 +513,7 @@ class ToolCall:
 
     async def __aenter__(self) -> ToolCall:
         turn, step = self.scope.position("a tool call")
+        self.scope.check_pending(self.call)
         self.call_seq = await self.scope.append_async(
             [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": self.call.id, "name": self.call.name}]
         )
@@ -567,6 +591,8 @@ async def dispatch_tools(
     requested = [_as_call(c) for c in calls]
     seen: set[str] = set()
     todo = [c for c in requested if not (c.id in seen or seen.add(c.id))]  # first occurrences, in order
+    for call in todo:  # before anything runs: all of them may, or none does
+        scope.check_pending(call)
     slots = asyncio.Semaphore(concurrency)
     started: list[asyncio.Task[None]] = []
     failures: list[BaseException] = []
@@ -635,6 +661,7 @@ __all__ = [
     "TOOL_ERROR",
     "TOOL_NOT_FOUND",
     "Appender",
+    "CallNotPending",
     "ModelRequest",
     "NotAwaitingApproval",
     "OutsideStep",

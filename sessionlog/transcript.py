@@ -145,6 +145,11 @@ class PendingCalls:
         message's call order)."""
         return list(self._calls)
 
+    def pending(self, call_id: str) -> PendingCall | None:
+        """The latest call with id ``call_id`` that has no result yet (None when none)."""
+        calls = self._by_id.get(call_id)
+        return calls[-1] if calls else None
+
     def awaiting(self) -> list[PendingCall]:
         """The calls without a result whose latest ``tool/approval`` is ``requested``."""
         return [c for c in self._calls if c.approval == "requested"]

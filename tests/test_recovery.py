@@ -23,6 +23,7 @@ from sessionlog.delivery import pending_deliveries
 from sessionlog.projection import FORMATS, check_pairing, project
 from sessionlog.recovery import (
     TOOL_NOT_FOUND,
+    CallNotPending,
     OutsideStep,
     StepScope,
     ToolOutcome,
@@ -522,6 +523,44 @@ def test_tool_call_scope_makes_the_intent_durable_before_the_body(tmp_path: Path
     responses = [r for r in store.read("s1") if r["type"] == "llm/response"]
     assert responses[0]["response_id"] == "resp_1" and "error" not in responses[0]
     assert [r for r in store.read("s1") if r["type"] == "llm/request"][1]["results"] == ["a", "b"]
+
+
+def test_a_call_not_owed_a_result_is_never_run(store: sessionlog.EventStore) -> None:
+    """A body runs only for a call the assistant asked for that has no result yet and does
+    not await approval: run again, it would repeat its side effect and give the call a
+    second result. Each refusal writes nothing and runs nothing."""
+    ran: list[str] = []
+    asked = [{"id": "a", "name": "deploy", "arguments": {}}, {"id": "b", "name": "deploy", "arguments": {}},
+             {"id": "c", "name": "deploy", "arguments": {}}]
+
+    def deploy(args: Any) -> str:
+        ran.append("deploy")
+        return "deployed"
+
+    async def main() -> None:
+        async with store.writer() as writer, writer.step("s1", turn="t1") as step:
+            await step.append_async([{"type": "step/start", "turn": "t1", "step": 1},
+                                     {"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+                                      "tool_calls": asked}])
+            await step.run_tool(asked[0], deploy)
+            before = [r.seq for r in store.read("s1")]
+            with pytest.raises(CallNotPending, match="'a'.*already has one"):
+                await step.run_tool(asked[0], deploy)  # answered
+            with pytest.raises(CallNotPending, match="'zz'"):
+                await step.run_tool({"id": "zz", "name": "deploy", "arguments": {}}, deploy)  # never asked
+            await step.request_approval(asked[1])
+            with pytest.raises(CallNotPending, match="approval"):
+                await step.run_tool(asked[1], deploy)  # a human is deciding
+            with pytest.raises(CallNotPending, match="'a'"):
+                await dispatch_tools(step, asked, {"deploy": deploy})  # one is answered: none runs
+            assert [r.seq for r in store.read("s1")] == before + [before[-1] + 1]  # the approval request only
+            await step.approve("b")
+            await dispatch_tools(step, asked[1:], {"deploy": deploy})
+
+    asyncio.run(main())
+    assert ran == ["deploy"] * 3
+    results = [r["call_id"] for r in store.read("s1") if r["type"] == "tool/result"]
+    assert results == ["a", "b", "c"]  # one each
 
 
 def test_a_failed_checkpoint_never_runs_the_body(tmp_path: Path) -> None:
