@@ -45,7 +45,7 @@ from sessionlog.durable import (
     temp_name,
     write_all,
 )
-from sessionlog.events import Record
+from sessionlog.events import Record, RecordError
 from sessionlog.scan import DEFAULT_LIMITS, Limits, check_header
 
 from .filestore import FileStore, fd_reader
@@ -134,14 +134,14 @@ class ZstdFraming:
         One append's reach is the last ``batch_limit`` bytes: a NUL run there, followed by
         frames, is ``zero-fill`` to a scan, which a plain repair truncates, so an append
         must never land after one. From a frame start at or before the reach (the last
-        one there that verifies) to ``size``, frame headers are walked (no decompression):
-        whole frames, no NUL run or garbage, ending exactly at ``size``. The last two data
-        frames are decompressed: each passes its checksum and holds whole records with
-        contiguous seqs, and the last follows the one before (a repeated or missing last
-        batch). Seq or checksum damage further back is left to ``scan``: with an append
-        after it, it is ``seq-break`` or ``mid-log``, never cut without ``force``. Reads
-        the header frame and about one append's reach; headers further back only when
-        no frame start before the reach verifies.
+        one there that verifies) to ``size``, frame headers are walked: whole frames, no
+        NUL run or garbage, ending exactly at ``size``. Every data frame there is
+        decompressed: each passes its checksum and holds whole records whose seqs run on
+        from the frame before (a repeated or missing batch), as JSONL checks every line in
+        its reach. Damage further back is left to ``scan``: with an append after it, it is
+        ``seq-break`` or ``mid-log``, never cut without ``force``. Reads the header frame
+        and about one append's reach; headers further back only when no frame start
+        before the reach verifies.
 
         Raises CorruptLog with ``path``, ``offset`` and ``kind`` the damage as seen from
         the tail (``torn``, ``zero-fill``, ``corrupt``, ``seq-break``; None when the
@@ -229,6 +229,25 @@ def _verified(get: Callable[[int, int], bytes], shape: Shape, expected_seq: int 
     return records
 
 
+def _chained(get: Callable[[int, int], bytes], shape: Shape, expected_seq: int | None,
+             flimits: FrameLimits) -> Record | None:
+    """The last record of a frame that decompresses, passes its checksum, ends with a
+    whole line and whose first record decodes with ``expected_seq`` (any when None);
+    None when any of that does not hold (:func:`_verified` then says what)."""
+    content = decompress_frame(get(shape.start, shape.end - shape.start), shape, flimits)
+    if isinstance(content, str) or not content.endswith(b"\n"):
+        return None
+    first_end = content.find(b"\n")
+    try:
+        first = Record.from_line(content[:first_end])
+        last = Record.from_line(content[content.rfind(b"\n", 0, len(content) - 1) + 1 : -1])
+    except RecordError:
+        return None
+    if expected_seq is not None and first.seq != expected_seq or last.seq < first.seq:
+        return None
+    return last
+
+
 def _boundary_before(src: _PreadSource, reach: int, floor: int, where: str, limits: Limits,
                      flimits: FrameLimits) -> int:
     """A frame start at or before ``reach`` and after ``floor`` (the header frame's end).
@@ -262,11 +281,13 @@ def _boundary_before(src: _PreadSource, reach: int, floor: int, where: str, limi
 
 def _check_frames(src: _PreadSource, pos: int, size: int, before: Record | None, where: str, limits: Limits,
                   flimits: FrameLimits) -> Record:
-    """Walk ``pos``..``size`` by the frame headers (no decompression): whole frames, no
-    NUL run, ending exactly at ``size``. Then verify the last two data frames: each
-    decompresses, passes its checksum and holds whole contiguous records, and the last
-    one's first seq follows the one before (``before``: the last record before ``pos``,
-    when known). Returns the last record; refuses the first defect."""
+    """Walk ``pos``..``size`` by the frame headers: whole frames, no NUL run, ending
+    exactly at ``size``. Then verify every data frame there, as JSONL checks every line in
+    one append's reach: each decompresses and passes its checksum, and its records' seqs
+    run on from the frame before (from ``before``, the last record before ``pos``, when
+    known). The last two frames have every record decoded; those before them their first
+    and last (their checksums vouch for the bytes between). Returns the last record;
+    refuses the first defect."""
     data = src.get(pos, size - pos)  # one read for the whole span
     base = pos
 
@@ -279,11 +300,13 @@ def _check_frames(src: _PreadSource, pos: int, size: int, before: Record | None,
         if not shape.skippable:
             frames.append(shape)
         pos = shape.end
-    # Frames before the last two are not decompressed: the seq before the last two is
-    # known only when nothing lies between them and ``before``.
-    last = before if len(frames) <= 2 else None
-    for shape in frames[-2:]:
-        last = _verified(get, shape, None if last is None else last.seq + 1, where, limits, flimits)[-1]
+    last = before
+    for k, shape in enumerate(frames):
+        expected = None if last is None else last.seq + 1
+        if k < len(frames) - 2:
+            last = _chained(get, shape, expected, flimits) or _verified(get, shape, expected, where, limits, flimits)[-1]
+        else:  # the last two (what the last appends wrote): every record decoded
+            last = _verified(get, shape, expected, where, limits, flimits)[-1]
     if last is None:  # only skippable frames from a boundary found by walking from the header frame
         raise _refused(where, base, DamageKind.CORRUPT, "no data frame in one append's reach")
     return last

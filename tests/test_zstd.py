@@ -523,14 +523,38 @@ def test_append_after_a_gap_between_the_last_two_frames_is_refused(log, tmp_path
     assert err.value.offset == sum(map(len, frames[:-2]))
 
 
-def test_seq_damage_before_the_last_two_frames_is_left_to_scan(log, tmp_path):
-    """What opening does not decompress: frames before the last two. A repeated frame
-    there lets an append land; scan reports the seq-break, which needs force, so a plain
-    repair never cuts the acknowledged record."""
+@pytest.mark.parametrize("damage", ["repeated-frame", "bad-checksum"])
+def test_damage_anywhere_in_one_appends_reach_refuses_an_append(log, tmp_path, damage):
+    """Opening checks every frame within one append's reach, as JSONL checks every line
+    there: a repeated frame or a frame failing its checksum before the last two refuses
+    the append (read() would never return the record), and no byte changes."""
     frames = split_frames(log)
-    bad = b"".join(frames[:-2]) + frames[-3] + b"".join(frames[-2:])
+    if damage == "repeated-frame":
+        bad = b"".join(frames[:-2]) + frames[-3] + b"".join(frames[-2:])
+        kind = DamageKind.SEQ_BREAK
+    else:
+        third = bytearray(frames[-3])
+        third[-6] ^= 0x40  # inside the content (just before the 4-byte checksum)
+        bad = b"".join(frames[:-3]) + bytes(third) + b"".join(frames[-2:])
+        kind = DamageKind.MID_LOG
     d, path = session_dir(tmp_path, bad)
     store = open_zstd(d)
+    assert store.scan("s").damage.kind is kind
+    with pytest.raises(CorruptLog):
+        store.append("s", [{"type": "acknowledged?"}])
+    assert path.read_bytes() == bad
+
+
+def test_damage_beyond_one_appends_reach_is_left_to_scan(log, tmp_path):
+    """What opening does not read: frames before one append's reach (here a reach of
+    two small frames). A repeated frame there lets an append land; scan reports the
+    seq-break, which needs force, so a plain repair never cuts the acknowledged record."""
+    from sessionlog.scan import Limits
+
+    frames = split_frames(log)
+    bad = b"".join(frames[:-3]) + frames[-4] + b"".join(frames[-3:])
+    d, path = session_dir(tmp_path, bad)
+    store = open_zstd(d, limits=Limits(batch_limit=len(frames[-1]) + len(frames[-2])))
     store.append("s", [{"type": "probe"}])
     assert store.scan("s").damage.kind is DamageKind.SEQ_BREAK
     after = path.read_bytes()
