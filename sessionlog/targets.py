@@ -216,13 +216,15 @@ def read_header(path: str, scheme: str) -> Header:
             if scheme == "zstd":
                 import zstandard
 
-                reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+                # The first frame alone (the header frame): damage in a later frame must
+                # not hide the header that names the session.
+                frame = zstandard.ZstdDecompressor().decompressobj()
                 data = b""
-                while b"\n" not in data and len(data) < HEADER_LIMIT:
-                    chunk = reader.read(65536)
+                while b"\n" not in data and len(data) < HEADER_LIMIT and not frame.eof:
+                    chunk = f.read(65536)
                     if not chunk:
                         break
-                    data += chunk
+                    data += frame.decompress(chunk)
             else:
                 data = f.readline(HEADER_LIMIT)
     except (OSError, Exception):  # zstandard.ZstdError and friends: the scan says what it is

@@ -275,6 +275,30 @@ def test_a_renamed_zstd_log_is_told_by_its_content(tmp_path):
     assert code == 0 and [json.loads(x)["type"] for x in out.splitlines()][:2] == ["session/start", "turn/start"]
 
 
+@pytest.mark.parametrize("damage", ["bad-checksum", "zero-fill"])
+def test_a_renamed_zstd_log_with_damage_after_its_header_frame_is_still_that_session(tmp_path, damage):
+    """The header is read from the first frame alone: damage in a later frame (the kind a
+    renamed copy of a crashed log has) does not hide the id it names, so the copy is
+    scanned and repaired as that session (exit 1), not refused as another one (exit 4)."""
+    store = sessionlog.open_store(f"zstd:{tmp_path / 'z'}")
+    store.create("s1", [{"type": "turn/start", "turn": "t1"}])
+    for i in range(3):
+        store.append("s1", [{"type": "note", "i": i}])
+    data = bytearray((tmp_path / "z" / "s1.jsonl.zst").read_bytes())
+    if damage == "bad-checksum":
+        data[-2] ^= 0x01  # the last frame's checksum
+    else:
+        data += b"\0" * 4096
+    copy = tmp_path / "copy.jsonl.zst"
+    copy.write_bytes(bytes(data))
+    code, out = run("scan", str(copy), "--json")
+    [row] = json_lines(out)
+    assert (code, row["session"], row["damage"]["kind"]) == (1, "s1", "corrupt" if damage == "bad-checksum" else "zero-fill")
+    assert copy.read_bytes() == bytes(data)
+    code, out = run("repair", str(copy), "--json")
+    assert code == 0 and json_lines(out)[0]["status"] == "repaired"
+
+
 def test_in_a_store_the_name_matters_and_scan_says_so_without_refusing(tmp_path, capsys):
     shutil.copy(os.path.join(FIXTURES, "healthy.jsonl"), tmp_path / "healthy.jsonl")
     shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), tmp_path / "s1.jsonl")  # header: 'torn'
