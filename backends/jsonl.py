@@ -63,10 +63,11 @@ class JsonlFraming:
         start = max(nl + 1, size - max(limits.batch_limit, limits.record_limit + 2))
         data = fs.pread(fd, size - start, start)
         if not data.endswith(b"\n"):
+            torn = start + data.rfind(b"\n") + 1
             raise CorruptLog(
-                f"{where}: the last record ends without a newline (torn tail at EOF, size {size}); "
-                "repair the session before appending",
-                path=where, offset=start + data.rfind(b"\n") + 1, kind=str(DamageKind.TORN),
+                f"{where}: the last record, at offset {torn}, ends without a newline (torn: "
+                f"{size - torn} bytes before EOF at {size}); repair the session before appending",
+                path=where, offset=torn, kind=str(DamageKind.TORN),
             )
         # A window may start mid-record: its first (partial) line is skipped, unless the
         # byte before the window ends a line.

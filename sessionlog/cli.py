@@ -37,6 +37,7 @@ from .contract import (
     Status,
     UnsupportedFormat,
 )
+from .events import LOG_TRUNCATED
 from .targets import STDIN, StoreTarget, TargetNotFound, resolve, stdin_log
 
 EXIT_OK, EXIT_REPAIRABLE, EXIT_USAGE = exits.OK, exits.REPAIRABLE, exits.USAGE
@@ -420,6 +421,15 @@ _STAMP = re.compile(r"\.\d{8}T\d{6}Z-[0-9a-f]{8}\.quarantine$")
 QUARANTINE_PATTERN_TAIL = ".<UTC stamp>-<random>.quarantine"
 
 
+def _path_of(store: EventStore, sid: str) -> str | None:
+    """The session's log file, for a file store (None for the others)."""
+    path_of = getattr(store, "path_of", None)
+    try:
+        return path_of(sid) if path_of is not None else None
+    except SessionLogError:
+        return None
+
+
 def repair_row(target: StoreTarget, sid: str, store: EventStore, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     """Repair one session (or, with --dry-run, report what repair would do): its JSON row
     and exit code. A dry run names the quarantine as the pattern the real run fills in
@@ -431,10 +441,11 @@ def repair_row(target: StoreTarget, sid: str, store: EventStore, args: argparse.
         if rep.status == "refused":
             code = EXIT_LOCKED if rep.reason == "a writer owns the session" else EXIT_NEEDS_FORCE
     except SessionLocked as exc:
-        row = RepairReport(sid, None, "refused", reason=f"locked: {exc}").to_json()
+        row = RepairReport(sid, _path_of(store, sid), "refused", reason=f"locked: {exc}").to_json()
         code = EXIT_LOCKED
     except SessionLogError as exc:
-        row = RepairReport(sid, getattr(exc, "path", None), "refused", reason=str(exc)).to_json()
+        row = RepairReport(sid, getattr(exc, "path", None) or _path_of(store, sid), "refused",
+                           reason=str(exc)).to_json()
         row["error"] = str(exc)
         code = EXIT_ERROR
     row["path"] = _shown_path(target, row["path"])
@@ -443,6 +454,10 @@ def repair_row(target: StoreTarget, sid: str, store: EventStore, args: argparse.
         if row["quarantine"] and _STAMP.search(row["quarantine"]):
             row["quarantine"] = _STAMP.sub(QUARANTINE_PATTERN_TAIL, row["quarantine"])
             row["quarantine_is_pattern"] = True
+            for event in row.get("appended") or ():  # the marker names the same file
+                named = event.get("quarantine") if event.get("type") == LOG_TRUNCATED else None
+                if isinstance(named, str) and _STAMP.search(named):
+                    event["quarantine"] = _STAMP.sub(QUARANTINE_PATTERN_TAIL, named)
     if target.note:
         row["note"] = target.note
     return row, code
@@ -782,7 +797,7 @@ def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
                     rows.append(row) if not args.json else emit_json(out, row)
     if not args.json:
         _print_result_table(rows, out, ("session", "status", "offset", "restored_bytes", "removed_records",
-                                        "reason"))
+                                        "reason"), dry_run=args.dry_run)
         for row in rows:
             if row.get("status") == "restored":
                 verb = "would put back" if args.dry_run else "put back"
@@ -818,12 +833,13 @@ def cmd_salvage(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _print_result_table(rows: list[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> None:
+def _print_result_table(rows: list[dict[str, Any]], out: TextIO, columns: Sequence[str], *,
+                        dry_run: bool = False) -> None:
     from rich.table import Table
 
     if not rows:
         return
-    table = Table(show_edge=False, header_style="bold")
+    table = Table(show_edge=False, header_style="bold", title="dry run: nothing written" if dry_run else None)
     for col in columns:
         table.add_column(col.replace("_", " "), justify="right" if col.startswith(("records", "frames", "bytes"))
                          else "left")

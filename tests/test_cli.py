@@ -402,6 +402,8 @@ def test_repair_dry_run_names_the_quarantine_as_the_pattern_the_real_run_fills(f
     [dry] = json_lines(out)
     assert code == 0 and dry["quarantine_is_pattern"] is True
     assert dry["quarantine"] == path + ".2612.torn.<UTC stamp>-<random>.quarantine"
+    [marker] = [e for e in dry["appended"] if e["type"] == "log/truncated"]
+    assert marker["quarantine"] == "torn.jsonl.2612.torn.<UTC stamp>-<random>.quarantine"  # the same file
     code, out = run("repair", path, "--dry-run")
     assert "would quarantine 71 bytes in " + path + ".2612.torn.<UTC stamp>-<random>.quarantine" in out
     assert "dry run: nothing written" in out
@@ -409,6 +411,24 @@ def test_repair_dry_run_names_the_quarantine_as_the_pattern_the_real_run_fills(f
     [real] = json_lines(out)
     prefix, _, _ = dry["quarantine"].partition("<")
     assert real["quarantine"].startswith(prefix) and os.path.exists(real["quarantine"])
+
+
+def test_restore_dry_run_says_so(fixtures_copy):
+    path = str(fixtures_copy / "torn.jsonl")
+    assert run("repair", path)[0] == 0
+    before = open(path, "rb").read()
+    code, out = run("restore", path, "--dry-run")
+    assert code == 0 and "dry run: nothing written" in out and "would put back" in out
+    assert open(path, "rb").read() == before
+    code, out = run("restore", path)
+    assert code == 0 and "dry run" not in out
+
+
+def test_a_torn_tail_refusing_an_append_names_its_offset(fixtures_copy):
+    store = sessionlog.open_store(f"jsonl:{fixtures_copy}")
+    with pytest.raises(sessionlog.CorruptLog) as err:
+        store.append("torn", [{"type": "x"}])
+    assert err.value.offset == 2612 and "at offset 2612" in str(err.value) and "torn" in str(err.value)
 
 
 def test_tables_are_never_cut_or_wrapped_when_piped(tmp_path):
