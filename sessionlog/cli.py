@@ -983,7 +983,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return int(bench.main(argv[1:]) or 0)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # argparse gives a list positional only the paths before the first option:
+            # ``convert SRC --repaired DST`` names DST after one. Other extras are errors.
+            if getattr(args, "command", None) == "convert" and not any(x.startswith("-") for x in extra):
+                args.targets += extra
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:
         return int(exc.code or 0)
     try:

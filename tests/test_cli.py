@@ -490,3 +490,15 @@ def test_show_writes_the_same_bytes_as_json_dumps_one_item_at_a_time(document):
     out = io.StringIO()
     write_pretty(out, document)
     assert out.getvalue() == json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+
+
+@pytest.mark.parametrize("order", ["options-last", "options-between", "options-first"])
+def test_convert_takes_its_options_anywhere(fixtures_copy, tmp_path, order):
+    """``SRC... DST`` with the options before, between or after the paths."""
+    src, dst = str(fixtures_copy / "torn.jsonl"), f"jsonl:{tmp_path / 'out'}"
+    args = {"options-last": [src, dst, "--repaired"], "options-between": [src, "--repaired", dst],
+            "options-first": ["--repaired", src, dst]}[order]
+    code, _ = run("convert", *args)
+    assert code == 0
+    assert sessionlog.open_store(dst).scan("torn").status == "clean"
+    assert run("convert", src, "--bogus", dst)[0] == 2
