@@ -449,6 +449,27 @@ def test_codex_output_after_a_message_moves_before_it_unchanged():
     check_repair(fmt, data, force=False)
 
 
+def test_claude_an_entry_glued_onto_a_torn_one_is_reattached_to_the_torn_ones_parent():
+    """The tool appended the next entry onto a torn write: repair keeps the glued entry
+    (its torn prefix goes to the quarantine file) and, since the torn bytes still name
+    their entry's uuid and parent, chains the kept entry to that parent: no broken chain,
+    and the resumed conversation keeps what came before."""
+    lines = raw_lines(load(os.path.join(CLAUDE, "dangling-call.jsonl")))
+    data = b"".join(lines[:-1])[:-30] + lines[-1]  # the second-to-last entry torn, the last glued onto it
+    torn_uuid = json.loads(lines[-2])["uuid"]
+    fmt = foreign.get("claude-code")
+    exam = foreign.examine(data, fmt)
+    kinds = [f.kind for f in exam.findings]
+    assert "glued-line" in kinds and "reattached" in kinds and "broken-chain" not in kinds
+    repaired = exam.repaired()
+    glued_uuid = json.loads(lines[-1])["uuid"]
+    [kept] = [json.loads(r) for r in raw_lines(repaired) if f'"uuid":"{glued_uuid}"'.encode() in r]
+    assert kept["parentUuid"] == json.loads(lines[-2])["parentUuid"] != torn_uuid
+    after = foreign.examine(repaired, fmt)
+    assert "broken-chain" not in [f.kind for f in after.findings], after.findings
+    check_repair(fmt, data, force=False)
+
+
 def test_claude_entries_chained_to_a_removed_line_are_reattached_to_its_parent():
     lines = raw_lines(load(os.path.join(CLAUDE, "interrupted-parallel.jsonl")))
     at = next(i for i, raw in enumerate(lines) if b'"uuid":"00000003-' in raw)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +42,9 @@ class ForeignFormat(Protocol):
       ``native_view``: the provider format the tool sends (a :data:`sessionlog.projection.FORMATS` name).
     - ``sniff(objects, head)``: True when the first decoded objects of a file (or, when
       its first line is longer than the head, the head's raw bytes) are this format's.
-    - ``analyze(lines)``: findings and the plan that repairs them, over a file's lines
+    - ``analyze(lines, lost)``: findings and the plan that repairs them, over a file's lines
+      (``lost``: the torn prefixes cut from glued lines, as lines that do not decode: what
+      they still say, such as an entry's id, may re-attach what was chained to them)
       (undecodable lines are the caller's: ignore them).
     - ``events(lines)``: the conversation the tool resumes, as sessionlog records for
       :func:`sessionlog.projection.project`.
@@ -57,7 +59,7 @@ class ForeignFormat(Protocol):
     native_view: str
 
     def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool: ...
-    def analyze(self, lines: list[Line]) -> Analysis: ...
+    def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis: ...
     def events(self, lines: list[Line]) -> list[dict[str, Any]]: ...
     def native_items(self, lines: list[Line]) -> list[dict[str, Any]]: ...
     def live_records(self, path: str) -> list[str]: ...
@@ -130,6 +132,7 @@ def examine(data: bytes, fmt: ForeignFormat, *, force: bool = False) -> Examinat
     lines = split_lines(data)
     view = list(lines)
     cut: dict[int, int] = {}
+    lost: list[Line] = []
     for line in lines:
         if line.obj is None and not line.blank:
             found = unglue(line.raw, lambda obj: fmt.sniff([obj], b""))
@@ -137,8 +140,9 @@ def examine(data: bytes, fmt: ForeignFormat, *, force: bool = False) -> Examinat
                 torn, obj = found
                 cut[line.index] = torn
                 view[line.index] = Line(line.index, line.offset + torn, line.raw[torn:], obj)
+                lost.append(Line(line.index, line.offset, line.raw[:torn], None))
     damage = classify(view)
-    analysis = fmt.analyze(view)
+    analysis = fmt.analyze(view, lost)
     plan = analysis.plan
     for index, torn in cut.items():
         plan.cut[index] = torn

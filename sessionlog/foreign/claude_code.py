@@ -35,7 +35,7 @@ import json
 import os
 import re
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import Stamps, content_text, str_or_none
@@ -317,7 +317,7 @@ class ClaudeCode:
 
     # --- scan and plan -------------------------------------------------------------------
 
-    def analyze(self, lines: list[Line]) -> Analysis:
+    def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis:
         tree = _Tree(lines)
         groups, bad = _groups(tree)
         analysis = Analysis()
@@ -373,7 +373,7 @@ class ClaudeCode:
                 f"tool_result for {rid!r} " + ("answers no tool_use of the message before it"
                                                if kind == ORPHAN_RESULT else "repeats an earlier answer")
                 + "; repair keeps it as a text block", call_id=rid))
-        for line in lines:
+        for line in [*lines, *lost]:  # an undecodable line, or the torn bytes cut from a glued one
             if line.obj is None and not line.blank:
                 self._reattach_children_of_lost(tree, line, new_parent, analysis)
         for index in sorted(set(new_parent) | set(orphans)):

@@ -28,7 +28,7 @@ Evidence that a call started (``TOOL_OUTCOME_UNKNOWN``): an ``event_msg`` naming
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import Stamps, content_text, str_or_none
@@ -122,7 +122,7 @@ class Codex:
         return head.startswith(b'{"timestamp":"') and any(
             f'","type":"{t}"'.encode() in head[:80] for t in TYPES)
 
-    def analyze(self, lines: list[Line]) -> Analysis:
+    def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis:
         analysis = Analysis()
         plan = analysis.plan
         evidence: dict[str, str] = {}
