@@ -33,6 +33,7 @@ from sessionlog.contract import (
     durable_batches,
     events_list,
     read_start,
+    repair_reason,
     synthetic_lines,
 )
 from sessionlog.durable import (
@@ -710,11 +711,13 @@ class FileStore:
             )
             report.truncated_bytes = damage.length
             report.quarantine = os.path.join(self.directory, quarantine)
+        markers = len(events)
         events.extend(crash_plan(scan.tracker, expire_approvals=expire_approvals))
         if not events:
             return report
         report.status = "repaired"
-        report.reason = str(damage.kind) if damage is not None else "open transcript"
+        report.reason = repair_reason(damage, unmarked=bool(scan.unmarked_quarantines),
+                                      transcript=len(events) > markers)
         lines = synthetic_lines(events, scan.last_seq + 1, record_limit=self.limits.record_limit)
         report.appended = [Record.from_line(line) for line in lines]
         return report

@@ -101,6 +101,7 @@ from sessionlog.contract import (
     classify_damage,
     events_list,
     read_start,
+    repair_reason,
     synthetic_lines,
 )
 from sessionlog.durable import parse_quarantine_name, quarantine_name
@@ -1040,11 +1041,13 @@ class SqlStore:
             ))
             report.truncated_bytes = damage.length
             report.quarantine = name
+        markers = len(events)
         events.extend(crash_plan(scan.tracker, expire_approvals=expire_approvals))
         if not events:
             return report
         report.status = "repaired"
-        report.reason = str(damage.kind) if damage is not None else "open transcript"
+        report.reason = repair_reason(damage, unmarked=bool(scan.unmarked_quarantines),
+                                      transcript=len(events) > markers)
         # Not bounded by the batch limit: one transaction holds any number of rows.
         lines = synthetic_lines(events, scan.last_seq + 1, record_limit=self.limits.record_limit)
         report.appended = [Record.from_line(line) for line in lines]

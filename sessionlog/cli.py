@@ -299,7 +299,7 @@ def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None)
         return {
             "session": sid, "path": path, "records": None, "status": str(status), "damage": None,
             "open_turn": None, "open_step": None, "unanswered_calls": [], "awaiting_approval": [],
-            "error": str(error),
+            "unmarked_quarantines": [], "error": str(error),
         }
     return {
         "session": sid,
@@ -311,6 +311,7 @@ def scan_row(sid: str, result: ScanResult | None, error: SessionLogError | None)
         "open_step": result.open_step,
         "unanswered_calls": list(result.unanswered_calls),
         "awaiting_approval": list(result.awaiting_approval),
+        "unmarked_quarantines": list(result.unmarked_quarantines),
     }
 
 
@@ -408,6 +409,10 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
     if rows:
         console(out).print(table)
     for row in rows:
+        for name in row.get("unmarked_quarantines", ()):
+            console(out).print(f"{row['session']}: {name} holds bytes cut from the log that no log/truncated "
+                               "record names (a repair stopped after its cut); repair appends the marker",
+                               markup=False, soft_wrap=True)
         if "error" in row and row["session"] is not None:
             note(f"{row['session']}: {row['error']}")
             if "decompress" in row["error"]:

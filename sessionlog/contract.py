@@ -396,6 +396,15 @@ class RepairReport:
         }
 
 
+def repair_reason(damage: Damage | None, *, unmarked: bool, transcript: bool) -> str:
+    """Why a repair appends what it appends: the damage it cuts, else a quarantine file
+    that no marker names (a repair stopped after its cut) and/or an open transcript."""
+    if damage is not None:
+        return str(damage.kind)
+    parts = (["unmarked quarantine"] if unmarked else []) + (["open transcript"] if transcript else [])
+    return " and ".join(parts) or "open transcript"
+
+
 @dataclass(slots=True)
 class CompactReport:
     """What ``compact`` did to one session.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import shutil
@@ -227,7 +228,16 @@ def test_repair_interrupted_after_its_cut_is_finished_by_the_next(tmp_path):
     res = store.scan("s1")
     assert res.damage is None and res.status == "repairable"
     assert res.unmarked_quarantines == quarantines
+    from sessionlog.cli import main
+
+    out = io.StringIO()
+    assert main(["scan", str(path)], out=out) == 1  # the table says what is left to do
+    assert f"{quarantines[0]} holds bytes cut from the log that no log/truncated record names" in out.getvalue()
+    out = io.StringIO()
+    assert main(["scan", str(path), "--json"], out=out) == 1
+    assert json.loads(out.getvalue())["unmarked_quarantines"] == quarantines
     rep = store.repair("s1")
+    assert rep.reason == "unmarked quarantine and open transcript"  # the marker, then turn t1's closer
     marker = dict(rep.appended[0])
     assert marker["type"] == "log/truncated" and marker["quarantine"] == quarantines[0]
     assert marker["offset"] == len(cut) and marker["dropped_bytes"] == len(torn) - len(cut)
