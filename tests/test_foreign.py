@@ -3,6 +3,7 @@ invariants, over the checked-in fixtures damaged at every line boundary and mid-
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -486,3 +487,38 @@ def test_claude_entries_chained_to_a_removed_line_are_reattached_to_its_parent()
     child = next(json.loads(raw) for raw in raw_lines(repaired) if b'"uuid":"00000004-' in raw)
     assert child["parentUuid"].startswith("00000002-")
     check_repair(fmt, data, force=True)
+
+
+@pytest.mark.parametrize("where", ["mid-file", "last-line"])
+def test_claude_a_lone_surrogate_escape_is_text_not_damage(tmp_path, where):
+    """A tool truncating a text can cut an emoji in half and write its first half as a
+    lone ``\\ud83d`` escape: valid JSON both tools parse. Such a line is an entry like any
+    other: never cut as damage (a repair without force would have replaced a real result
+    with an invented one), kept byte for byte by a repair, shown with the same escape, and
+    converted with U+FFFD in its place (a sessionlog record is strict UTF-8), with a warning."""
+    from sessionlog.cli import main
+
+    lines = raw_lines(load(os.path.join(CLAUDE, "dangling-call.jsonl")))
+    at = next(i for i, raw in enumerate(lines) if b'"tool_use_id":"toolu_01Deploy"' in raw)
+    lines[at] = lines[at].replace("Déployé: v1.2.3".encode(), b"D\\u00e9ploy\\u00e9 \\ud83d", 1)
+    assert b"\\ud83d" in lines[at]
+    if where == "last-line":
+        lines = lines[: at + 1]
+    data = b"".join(lines)
+    fmt = foreign.get("claude-code")
+    exam = foreign.examine(data, fmt)
+    assert exam.damage.tail == [] and exam.damage.mid_log == []
+    assert "toolu_01Deploy" not in [f.call_id for f in exam.findings]  # its result is there
+    after = check_repair(fmt, data, force=False)
+    assert lines[at] in raw_lines(after.repaired())  # byte for byte
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    out = io.StringIO()
+    assert main(["show", str(path)], out=out) == 0  # the resumed conversation's events
+    if where == "last-line":  # (mid-file, the result lies before a compaction the tool resumes after)
+        assert "\\ud83d" in out.getvalue()
+    assert main(["show", str(path), "--format", "anthropic", "--check"], out=io.StringIO()) == 0
+    assert main(["convert", "--repaired", str(path), f"jsonl:{tmp_path / 'dst'}"], out=io.StringIO()) == 0
+    converted = (tmp_path / "dst" / "s.jsonl").read_text(encoding="utf-8")
+    if where == "last-line":
+        assert "D\u00e9ploy\u00e9 \ufffd" in converted

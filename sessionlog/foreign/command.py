@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from ..events import Record, RecordError, encode_record, header_event, valid_ses
 from ..targets import destination
 from . import FORMATS, HEAD_BYTES, Examination, ForeignFormat, examine, get, sniff
 from .files import OpenFiles, in_use, open_files, read, write_repair
+from .lines import LONE_SURROGATE, dumps, dumps_strict
 
 STATUS_EXIT = {
     Status.CLEAN: exits.OK,
@@ -184,7 +184,7 @@ def run_scan(target: ForeignTarget, *, as_json: bool, out: TextIO) -> int:
             row = scan_row(path, fmt, _name(target, path), held)
             codes.append(STATUS_EXIT[Status(row["status"])])
             if as_json:
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.write(dumps(row) + "\n")
             else:
                 rows.append(row)
             advance(1)
@@ -296,7 +296,7 @@ def run_repair(target: ForeignTarget, *, force: bool, dry_run: bool, as_json: bo
             row["file"] = _name(target, path)
             codes.append(code)
             if as_json:
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.write(dumps(row) + "\n")
             else:
                 rows.append(row)
             advance(1)
@@ -354,12 +354,12 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
     events = fmt.events(lines)
     if view_format == "events":
         for event in events:
-            out.write(json.dumps(event, ensure_ascii=False) + "\n")
+            out.write(dumps(event) + "\n")
         return exits.OK
     view = project(events, view_format)
     for issue in view.issues:
         print(f"note: {issue}", file=sys.stderr)
-    out.write(json.dumps(view.to_json(), ensure_ascii=False, indent=2) + "\n")
+    out.write(dumps(view.to_json(), indent=2) + "\n")
     if check:
         violation = check_pairing(view.items, view_format) or check_pairing(fmt.native_items(lines), fmt.native_view)
         if violation is not None:
@@ -430,11 +430,44 @@ def convert_file(path: str, fmt: ForeignFormat, dst: Destination, *, repaired: b
         return ConvertResult(sid, "refused", reason=f"SRC needs repair ({len(found) or 1} finding(s); "
                              f"first: {first}); convert --repaired imports the repaired conversation "
                              "(SRC is never written)")
+    events, replaced = _strict_text(fmt.events(exam.repaired_lines() if repaired else exam.lines))
     try:
-        records = import_records(sid, fmt, path, fmt.events(exam.repaired_lines() if repaired else exam.lines))
+        records = import_records(sid, fmt, path, events)
     except RecordError as exc:
         return ConvertResult(sid, "error", reason=f"{path}: an entry cannot be a sessionlog record: {exc.reason}")
-    return publish(dst, sid, lambda: records, len(records))
+    result = publish(dst, sid, lambda: records, len(records))
+    if replaced:
+        result.warnings += (f"{path}: {replaced} lone UTF-16 surrogate(s) (half an emoji, cut by the tool) "
+                            "written as U+FFFD: a sessionlog record is strict UTF-8",)
+    return result
+
+
+def _strict_text(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """``events`` with every lone surrogate in their strings (keys included) replaced by
+    U+FFFD, and how many were; the events themselves when there is none (the common case,
+    found by encoding them once)."""
+    try:
+        dumps_strict(events)
+        return events, 0
+    except UnicodeEncodeError:
+        pass
+    count = 0
+
+    def fix(value: Any) -> Any:
+        nonlocal count
+        if isinstance(value, str):
+            found = len(LONE_SURROGATE.findall(value))
+            if found:
+                count += found
+                return LONE_SURROGATE.sub("\ufffd", value)
+            return value
+        if isinstance(value, dict):
+            return {fix(k): fix(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        return value
+
+    return [fix(e) for e in events], count
 
 
 def convert_target(target: ForeignTarget, dst_text: str, *, repaired: bool, force: bool) -> list[ConvertResult]:

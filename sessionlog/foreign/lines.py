@@ -23,6 +23,7 @@ torn bytes to the quarantine file and keeps the entry (:func:`unglue`).
 from __future__ import annotations
 
 import json
+import re
 
 import msgspec
 from collections.abc import Callable
@@ -61,12 +62,30 @@ class Line:
 
 
 def decode_line(raw: bytes) -> dict[str, Any] | None:
-    """The JSON object a line holds, or None (not strict UTF-8, not JSON, not an object)."""
+    """The JSON object a line holds, or None (not strict UTF-8, not JSON, not an object).
+
+    A string may hold a lone UTF-16 surrogate escape (``\\ud83d`` without its pair: an
+    emoji cut in half when the tool truncated a text): valid JSON, which both tools
+    parse, so such a line decodes too (the surrogate stays in the string, and is written
+    back as the same escape, :func:`encode_entry`)."""
     try:
         obj = _decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        return None
+        if not _SURROGATE_ESCAPE.search(raw):
+            return None
+        try:
+            obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        except (ValueError, RecursionError):  # not UTF-8, not JSON (JSONDecodeError is a ValueError)
+            return None
     return obj if isinstance(obj, dict) else None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def unglue(raw: bytes, accept: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
@@ -103,7 +122,22 @@ def split_lines(data: bytes) -> list[Line]:
 def encode_entry(obj: dict[str, Any]) -> bytes:
     """One new line in the compact form both tools write (``JSON.stringify`` /
     ``serde_json``): no spaces, non-ASCII kept as UTF-8, ``\\n`` at the end."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    return dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def dumps_strict(obj: Any) -> bytes:
+    """``obj`` as compact UTF-8 JSON; UnicodeEncodeError when a string holds a lone surrogate."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def dumps(obj: Any, **options: Any) -> str:
+    """``json.dumps(obj, ensure_ascii=False, **options)``, with a lone surrogate (only a
+    string can hold one: see :func:`decode_line`) written as the escape it was read from,
+    so that the text encodes to UTF-8."""
+    text = json.dumps(obj, ensure_ascii=False, **options)
+    if LONE_SURROGATE.search(text):
+        text = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
 
 
 @dataclass(slots=True)
