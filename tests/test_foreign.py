@@ -95,6 +95,21 @@ def test_sessionlog_logs_and_other_files_are_not_foreign():
     assert foreign.sniff(b'{"a": 1}\n') is None
 
 
+def test_claude_record_types_this_version_does_not_know_do_not_hide_the_format():
+    """Claude Code adds record types with every release (an interactive session starts
+    with a "mode" record, a teammate's with "agent-setting"): ahead of the entries, they
+    decide nothing, and the file is still a Claude Code transcript."""
+    data = load(os.path.join(CLAUDE, "dangling-call.jsonl"))
+    sid = json.loads(raw_lines(data)[2])["sessionId"]
+    head = (b'{"type":"mode","mode":"normal","sessionId":"' + sid.encode() + b'"}\n'
+            b'{"type":"agent-setting","agentSetting":"default"}\n{"type":"tag","tag":"x"}\n')
+    assert foreign.sniff(head + data) is foreign.get("claude-code")
+    exam = foreign.examine(head + data, foreign.get("claude-code"))
+    assert exam.damage.mid_log == [] and exam.analysis.unanswered  # the dangling call, found
+    assert foreign.sniff(b'{"type":"mode","mode":"normal"}\n{"a": 1}\n') is None  # nothing says Claude Code
+    assert foreign.sniff(b'{"type":"mode","seq":1}\n' + data) is None  # a sessionlog record is not one
+
+
 def test_long_first_line_is_recognized_by_its_prefix():
     for path in (os.path.join(CLAUDE, "healthy.jsonl"), os.path.join(CODEX, "healthy.jsonl")):
         first = load(path).split(b"\n")[2 if "claude" in path else 0]

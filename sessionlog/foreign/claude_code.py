@@ -305,9 +305,13 @@ class ClaudeCode:
 
     def sniff(self, objects: list[dict[str, Any]], head: bytes) -> bool:
         for obj in objects:
-            kind = _kind(obj)
-            if "payload" in obj or "seq" in obj or kind not in TYPES:
+            if "payload" in obj or "seq" in obj:  # a Codex rollout, a sessionlog log
                 return False
+            kind = _kind(obj)
+            if kind not in TYPES:
+                # A record type this version does not know (Claude Code adds some with
+                # every release: "mode", "agent-setting", "tag"...): it decides nothing.
+                continue
             if ("uuid" in obj and "parentUuid" in obj) or "sessionId" in obj or "leafUuid" in obj \
                     or kind == "file-history-snapshot":
                 return True
