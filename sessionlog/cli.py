@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import itertools
 import json
 import os
@@ -39,6 +38,7 @@ from .contract import (
 )
 from .events import LOG_TRUNCATED
 from .targets import STDIN, StoreTarget, TargetNotFound, resolve, stdin_log
+from .terminal import console
 
 EXIT_OK, EXIT_REPAIRABLE, EXIT_USAGE = exits.OK, exits.REPAIRABLE, exits.USAGE
 EXIT_NEEDS_FORCE, EXIT_ERROR, EXIT_LOCKED = exits.NEEDS_FORCE, exits.ERROR, exits.LOCKED
@@ -67,26 +67,6 @@ class UsageError(Exception):
 
 
 # --- output ------------------------------------------------------------------------------
-
-
-def _width(out: TextIO) -> int | None:
-    """The terminal's width, or None when ``out`` is not a terminal (never wrapped)."""
-    try:
-        if out.isatty():
-            return os.get_terminal_size(out.fileno()).columns
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        pass
-    return None
-
-
-def console(out: TextIO) -> Any:
-    """A rich console on ``out``: the terminal's width on a terminal; otherwise wide
-    enough that nothing is wrapped or cut (piped output is never hard-wrapped)."""
-    from rich.console import Console
-
-    width = _width(out)
-    return Console(file=out, soft_wrap=width is None, width=width or 100_000, highlight=False,
-                   force_terminal=False if width is None else None, no_color=width is None)
 
 
 # Files that stand for something else in what is printed: standard input spooled to a

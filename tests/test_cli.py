@@ -502,3 +502,17 @@ def test_convert_takes_its_options_anywhere(fixtures_copy, tmp_path, order):
     assert code == 0
     assert sessionlog.open_store(dst).scan("torn").status == "clean"
     assert run("convert", src, "--bogus", dst)[0] == 2
+
+
+def test_foreign_tables_are_never_cut_or_wrapped_when_piped(tmp_path):
+    deep = tmp_path / ("a-very-long-directory-name-" * 6)
+    deep.mkdir()
+    name = "7c1e9a52-3f0b-4d8e-9a61-2b5f0c4d9e13-with-a-long-name.jsonl"
+    shutil.copy(os.path.join(FIXTURES, "claude-code", "dangling-call.jsonl"), deep / name)
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "scan", str(deep)], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and name in r.stdout and "…" not in r.stdout
+    r = subprocess.run([sys.executable, "-m", "sessionlog", "repair", str(deep)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "…" not in r.stdout
+    [backup] = [n for n in os.listdir(deep) if n.endswith(".orig")]
+    assert backup in r.stdout  # whole, on one line

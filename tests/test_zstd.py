@@ -545,7 +545,7 @@ def test_damage_anywhere_in_one_appends_reach_refuses_an_append(log, tmp_path, d
     assert path.read_bytes() == bad
 
 
-def test_damage_beyond_one_appends_reach_is_left_to_scan(log, tmp_path):
+def test_seq_damage_beyond_one_appends_reach_is_left_to_scan(log, tmp_path):
     """What opening does not read: frames before one append's reach (here a reach of
     two small frames). A repeated frame there lets an append land; scan reports the
     seq-break, which needs force, so a plain repair never cuts the acknowledged record."""

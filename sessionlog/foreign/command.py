@@ -11,7 +11,6 @@ sessionlog logs.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from ..targets import destination
 from . import FORMATS, HEAD_BYTES, Examination, ForeignFormat, examine, get, sniff
 from .files import OpenFiles, in_use, open_files, read, write_repair
 from .lines import LONE_SURROGATE, dumps, dumps_strict
+from ..terminal import console as terminal_console
 
 STATUS_EXIT = {
     Status.CLEAN: exits.OK,
@@ -194,19 +194,6 @@ def run_scan(target: ForeignTarget, *, as_json: bool, out: TextIO) -> int:
     return exits.worst(codes)
 
 
-def _console(out: TextIO) -> Any:
-    from rich.console import Console
-
-    return Console(file=out, soft_wrap=False, width=max(80, _width(out)))
-
-
-def _width(out: TextIO) -> int:
-    try:
-        return os.get_terminal_size(out.fileno()).columns
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return int(os.environ.get("COLUMNS", "160"))
-
-
 STYLES = {"clean": "green", "open": "cyan", "repairable": "yellow", "needs-force": "red", "error": "red",
           "repaired": "green", "refused": "red"}
 
@@ -223,7 +210,7 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             row["file"], row["format"], f"[{STYLES[row['status']]}]{row['status']}[/]",
             "" if row["records"] is None else str(row["records"]), d.get("kind", ""), str(d.get("offset", "")),
             str(d.get("length", "")), ", ".join(row["unanswered_calls"]), ", ".join(row["orphan_results"]))
-    console = _console(out)
+    console = terminal_console(out)
     console.print(table)
     for row in rows:
         for finding in row["findings"]:
@@ -318,7 +305,7 @@ def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> 
         table.add_row(row["file"], row["format"], f"[{STYLES.get(row['status'], 'white')}]{status}[/]",
                       str(row["truncated_bytes"]), answered, ", ".join(map(str, row["changed_lines"])),
                       os.path.basename(row["backup"]) if row["backup"] else (row["reason"] or ""))
-    console = _console(out)
+    console = terminal_console(out)
     console.print(table)
     for row in rows:
         if row["quarantine"]:
