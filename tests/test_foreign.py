@@ -537,3 +537,25 @@ def test_claude_a_lone_surrogate_escape_is_text_not_damage(tmp_path, where):
     converted = (tmp_path / "dst" / "s.jsonl").read_text(encoding="utf-8")
     if where == "last-line":
         assert "D\u00e9ploy\u00e9 \ufffd" in converted
+
+
+def test_claude_an_orphan_result_made_text_changes_only_its_message():
+    """Turning an orphan tool_result into a text block rewrites the entry's ``message``
+    and nothing else: every other member keeps its bytes (a number keeps its spelling,
+    where re-encoding the entry would turn ``0.00003`` into ``3e-05``)."""
+    lines = raw_lines(load(os.path.join(CLAUDE, "orphan-result.jsonl")))
+    at = next(i for i, raw in enumerate(lines) if b'"tool_use_id":"toolu_99Lost"' in raw)
+    extra = b',"toolUseResult":{"durationMs":0.00003,"rate":1.5e-7,"big":1E+2}'
+    assert lines[at].rstrip().endswith(b"}")
+    lines[at] = lines[at].rstrip()[:-1] + extra + b"}\n"
+    data = b"".join(lines)
+    fmt = foreign.get("claude-code")
+    exam = check_repair(fmt, data, force=False)
+    [after] = [r for r in raw_lines(exam.repaired()) if json.loads(r).get("uuid") == json.loads(lines[at])["uuid"]]
+    assert extra in after
+    before_members = json.loads(lines[at])
+    after_members = json.loads(after)
+    assert list(after_members) == list(before_members)  # same members, same order
+    assert {k: v for k, v in after_members.items() if k != "message"} == \
+        {k: v for k, v in before_members.items() if k != "message"}
+    assert after_members["message"]["content"][0]["type"] == "text"

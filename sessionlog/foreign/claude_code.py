@@ -40,7 +40,7 @@ from typing import Any
 
 from . import Stamps, content_text, str_or_none
 from .answers import answer_code, answer_text, orphan_text
-from .lines import Line, decode_line, encode_entry
+from .lines import Line, decode_line, encode_entry, with_members
 from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, UNANSWERED_CALL, Analysis, Finding
 
 CONVERSATION = frozenset({"user", "assistant"})
@@ -382,11 +382,11 @@ class ClaudeCode:
                 self._reattach_children_of_lost(tree, line, new_parent, analysis)
         for index in sorted(set(new_parent) | set(orphans)):
             if index in orphans:
-                obj = dict(tree.obj(index))
+                obj = tree.obj(index)
+                changes = {"message": _textified(obj, orphans[index])}
                 if index in new_parent:
-                    obj["parentUuid"] = new_parent[index]
-                obj["message"] = _textified(obj, orphans[index])
-                plan.replace[index] = encode_entry(obj)
+                    changes["parentUuid"] = new_parent[index]
+                plan.replace[index] = with_members(lines[index], changes)
             else:
                 plan.replace[index] = _reparented(lines[index], new_parent[index])
         for index in tree.entries:

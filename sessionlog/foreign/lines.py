@@ -125,6 +125,26 @@ def encode_entry(obj: dict[str, Any]) -> bytes:
     return dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
+def with_members(line: Line, changes: dict[str, Any]) -> bytes:
+    """``line`` with its top-level members in ``changes`` set to new values (members in
+    order, a new one at the end), every other member's bytes kept as they are (numbers
+    keep their spelling: ``0.00003`` stays ``0.00003``); the whole object re-encoded only
+    when its top level is not written compact."""
+    body = line.raw[:-1] if line.raw.endswith(b"\n") else line.raw
+    try:
+        members = _members(body)
+    except (msgspec.DecodeError, RecursionError):
+        members = None
+    if members is not None and msgspec.json.encode(members) == body:
+        for name, value in changes.items():
+            members[name] = msgspec.Raw(dumps(value, separators=(",", ":")).encode("utf-8"))
+        return msgspec.json.encode(members) + b"\n"
+    return encode_entry({**(line.obj or {}), **changes})
+
+
+_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+
+
 def dumps_strict(obj: Any) -> bytes:
     """``obj`` as compact UTF-8 JSON; UnicodeEncodeError when a string holds a lone surrogate."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
