@@ -311,8 +311,16 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
             if i in plan.replace:
                 was, now = json.loads(raw[plan.cut.get(i, 0):]), json.loads(got)
                 assert set(was) == set(now)
-                assert {k for k in was if was[k] != now[k]} <= {"parentUuid", "message"}
-                assert exam.format.name == "claude-code" or (i in plan.cut and got.rstrip(b"\n") == raw[plan.cut[i]:].rstrip(b"\n"))
+                if exam.format.name == "claude-code":
+                    assert {k for k in was if was[k] != now[k]} <= {"parentUuid", "message"}
+                elif was.get("type") == "compacted" and was != now:
+                    # Codex: items removed from a compacted history, the rest as it was.
+                    assert {k for k in was if was[k] != now[k]} == {"payload"}
+                    old_history, new_history = was["payload"]["replacement_history"], now["payload"]["replacement_history"]
+                    assert [x for x in old_history if x in new_history] == new_history
+                    assert {**was["payload"], "replacement_history": None} == {**now["payload"], "replacement_history": None}
+                else:
+                    assert i in plan.cut and got.rstrip(b"\n") == raw[plan.cut[i]:].rstrip(b"\n")
             elif i == plan.terminate:
                 assert got == raw + b"\n"
             else:
@@ -559,3 +567,29 @@ def test_claude_an_orphan_result_made_text_changes_only_its_message():
     assert {k: v for k, v in after_members.items() if k != "message"} == \
         {k: v for k, v in before_members.items() if k != "message"}
     assert after_members["message"]["content"][0]["type"] == "text"
+
+
+def test_codex_an_output_in_a_compacted_history_with_no_call_there_is_removed_from_it():
+    """A ``compacted`` line's replacement history is what Codex resumes with: an output in
+    it whose call is not before it (the shape behind "No tool call found for function call
+    output" after a compaction) would be rejected. Repair removes that item from the
+    history, rewriting only that line's payload (its other members keep their bytes), so
+    that scan, repair and ``show --check`` agree."""
+    lines = raw_lines(load(os.path.join(CODEX, "healthy.jsonl")))
+    at = next(i for i, raw in enumerate(lines) if b'"type":"compacted"' in raw)
+    obj = json.loads(lines[at])
+    history = obj["payload"]["replacement_history"]
+    orphan = {"type": "function_call_output", "call_id": "call_R0gone", "output": "orphan in history"}
+    obj["payload"]["replacement_history"] = history + [orphan]
+    lines[at] = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    data = b"".join(lines)
+    fmt = foreign.get("codex")
+    exam = foreign.examine(data, fmt)
+    assert exam.status() is Status.REPAIRABLE and exam.analysis.orphans == ["call_R0gone"]
+    assert check_pairing(fmt.native_items(exam.lines), "responses") is not None  # as it is: rejected
+    after = check_repair(fmt, data, force=False)
+    repaired = raw_lines(after.repaired())
+    fixed = json.loads(repaired[at])
+    assert fixed["payload"]["replacement_history"] == history and fixed["timestamp"] == obj["timestamp"]
+    assert repaired[:at] + repaired[at + 1:] == lines[:at] + lines[at + 1:]  # no other line changed
+    assert check_pairing(fmt.native_items(split_lines(after.repaired())), "responses") is None

@@ -33,7 +33,7 @@ from typing import Any
 
 from . import Stamps, content_text, str_or_none
 from .answers import answer_code, answer_text
-from .lines import Line, encode_entry
+from .lines import Line, encode_entry, with_members
 from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
 
 TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
@@ -139,6 +139,7 @@ class Codex:
                 if isinstance(cid, str) and cid not in evidence:
                     evidence[cid] = f"line {line.number}: event_msg {_payload(obj).get('type')}"
         last = len(lines) - 1
+        history_drops: dict[int, list[Mapping[str, Any]]] = {}  # compacted line -> its items to remove
         for epoch in _epochs(lines):
             calls: dict[str, tuple[int, Mapping[str, Any]]] = {}
             answered: set[str] = set()
@@ -182,10 +183,14 @@ class Codex:
                                                       else "is a second output for its call")
                             + "; repair moves the line to the quarantine file (Codex drops it too)",
                             call_id=cid))
-                    else:
+                    else:  # an item of the compacted history on line ``index``
+                        history_drops.setdefault(index, []).append(item)
+                        analysis.orphans.append(cid)
                         analysis.findings.append(Finding(
-                            bad, lines[index].number, f"{kind} for {cid!r} inside a compacted history has no "
-                            "call; left as it is", call_id=cid, repairable=False))
+                            bad, lines[index].number,
+                            f"{kind} for {cid!r} in the compacted history "
+                            + ("answers no call before it" if bad == ORPHAN_RESULT else "is a second output for its call")
+                            + "; repair removes the item from that history (the backup keeps it)", call_id=cid))
             for cid, (index, item) in calls.items():
                 if cid in answered:
                     continue
@@ -205,6 +210,12 @@ class Codex:
                     UNANSWERED_CALL, lines[index].number,
                     f"{item.get('type')} {cid} ({_tool_name(item)}) has no output; repair answers it {code}"
                     + (f" ({ev})" if ev else ""), call_id=cid, code=code))
+        for index, drops in history_drops.items():
+            obj = lines[index].obj
+            assert obj is not None
+            payload = _payload(obj)
+            kept = [item for item in payload["replacement_history"] if not any(item is d for d in drops)]
+            plan.replace[index] = with_members(lines[index], {"payload": {**payload, "replacement_history": kept}})
         return analysis
 
     @staticmethod
