@@ -66,6 +66,7 @@ from sessionlog.writer import WriteBehind
 
 READ_CHUNK = 1 << 20
 _READ_RESTARTS = 3  # a reader starts over this often when the file moves under it
+_SCAN_RETRIES = 3  # a scan looks again this often when it found damage while the file changed
 # Where fsync/fdatasync (or F_FULLFSYNC) and flock give the guarantees docs/backends.md states.
 _DURABLE_PLATFORMS = ("linux", "darwin")
 
@@ -145,6 +146,11 @@ def check_not_poisoned(file: tuple[int, int], path: str) -> None:
             f"until a new process rescans ({why})",
             outcome_unknown=True,
         )
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    """What changes when a file is written or cut: its size and its times."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -562,20 +568,34 @@ class FileStore:
         """Validate every record (never writes, never creates a lock file)."""
         self.check_id(session_id)
         owned = self._owned(session_id)
-        result = self._scan(session_id, owned=owned)
+        result, changed = self._scan(session_id, owned=owned)
         if result.damage is not None and result.damage.kind is DamageKind.TORN:
             # A writer may have started (its write is in flight) or finished (the line is
             # whole now) while this scan read: look again with a fresh probe.
-            result = self._scan(session_id, owned=self._owned(session_id))
+            result, changed = self._scan(session_id, owned=self._owned(session_id))
+        seen = None
+        for _ in range(_SCAN_RETRIES):
+            damage = result.damage
+            if damage is None or not changed or not damage.kind.status:
+                break
+            if (damage.kind, damage.offset) == seen:
+                break  # the same damage twice: it is in the file, not in how it was read
+            # The file changed while this scan read it: a repair may have cut it and
+            # appends grown it back, and bytes read before the cut then run on into bytes
+            # written after it. Damage found so may be none: look again.
+            seen = (damage.kind, damage.offset)
+            result, changed = self._scan(session_id, owned=self._owned(session_id))
         return result
 
-    def _scan(self, session_id: str, *, owned: bool) -> ScanResult:
+    def _scan(self, session_id: str, *, owned: bool) -> tuple[ScanResult, bool]:
+        """A scan of the session's file, and whether the file changed while it was read."""
         path = self.path_of(session_id)
         fd = self.open_read(session_id)
         tracker = PendingCalls()
         named: set[str] = set()
         run = None
         try:
+            before = _stamp(self.fs.fstat(fd))
             scanner = self.framing.scan(
                 fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=owned
             )
@@ -587,6 +607,7 @@ class FileStore:
                             q = record.get("quarantine")
                             if isinstance(q, str):
                                 named.add(q)
+            changed = _stamp(self.fs.fstat(fd)) != before
         except OSError as exc:
             raise _io_error(exc, path, "read") from exc
         finally:
@@ -597,7 +618,7 @@ class FileStore:
             unmarked_quarantines=unmarked, load=lambda: self.read(session_id),
             last_raw=run.last_raw() if run is not None else None,
         )
-        return result
+        return result, changed
 
     def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
         """Stream the durable prefix's records with seq > ``after_seq``.
@@ -610,10 +631,12 @@ class FileStore:
     def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
         path = self.path_of(session_id)
         last = after_seq
+        seen = None
         for _ in range(_READ_RESTARTS):
             fd = self.open_read(session_id)
             try:
-                ino = self.fs.fstat(fd).st_ino
+                st = self.fs.fstat(fd)
+                ino, before = st.st_ino, _stamp(st)
                 scanner = self.framing.scan(
                     fd_reader(self.fs, fd), session_id=session_id, where=path, limits=self.limits, owned=True
                 )
@@ -622,10 +645,19 @@ class FileStore:
                         last = record.seq
                         yield record
                 damage = scanner.damage
-                if damage is None or not self._moved(path, ino, damage.offset + damage.length):
+                if damage is None:
                     break
-                # The file shrank or was replaced under this reader (repair, compact):
-                # never join bytes across that EOF; start over after the last record given.
+                # Damage found while the file changed under this reader (damage a writer's
+                # write in flight does not count) may be bytes read before a repair's cut
+                # run on into bytes appended after it, unless it is seen twice.
+                rejoined = (damage.kind.status is not None and (damage.kind, damage.offset) != seen
+                            and _stamp(self.fs.fstat(fd)) != before)
+                if not rejoined and not self._moved(path, ino, damage.offset + damage.length):
+                    break
+                seen = (damage.kind, damage.offset)
+                # The file shrank, was replaced or changed under this reader (repair,
+                # compact): never join bytes across that EOF; start over after the last
+                # record given.
             except OSError as exc:
                 raise _io_error(exc, path, "read") from exc
             finally:
@@ -663,7 +695,7 @@ class FileStore:
             if dry_run and self._owned(session_id):
                 return RepairReport(session_id, self.path_of(session_id), "refused",
                                     reason="a writer owns the session")
-            report = self._repair_plan(self._scan(session_id, owned=False), force=force,
+            report = self._repair_plan(self._scan(session_id, owned=False)[0], force=force,
                                        expire_approvals=expire_approvals)
             if dry_run or report.status != "repaired":
                 return report
@@ -742,7 +774,7 @@ class FileStore:
                                  dropped_seqs=dropped)
 
     def _repair_locked(self, session_id: str, *, force: bool, expire_approvals: bool = False) -> RepairReport:
-        scan = self._scan(session_id, owned=False)
+        scan, _ = self._scan(session_id, owned=False)  # under the lock: nobody writes meanwhile
         report = self._repair_plan(scan, force=force, expire_approvals=expire_approvals)
         if report.status != "repaired":
             return report

@@ -843,3 +843,47 @@ def test_a_closed_handle_leaves_its_tail_for_the_next_open_and_a_change_voids_it
     with store.session("s") as h:  # the file changed: its tail is read again
         assert h.last_seq == 5
     assert fs.preads > before
+
+
+class CutAndRegrownWhileRead(FileSystem):
+    """A reader's file is repaired and grown back between two of its reads: what another
+    process can do to a file it does not own (the second read of a scan triggers it)."""
+
+    def __init__(self, meanwhile):
+        self.meanwhile, self.reads = meanwhile, 0
+
+    def pread(self, fd, n, offset):
+        self.reads += 1
+        if self.reads == 2 and self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            meanwhile()
+        return super().pread(fd, n, offset)
+
+
+@pytest.mark.parametrize("how", ["scan", "read"])
+def test_a_file_cut_and_grown_back_while_read_is_never_joined_across_the_cut(tmp_path, how):
+    """A torn tail read in part, then cut by a repair and grown back by appends before the
+    next read: the bytes before the cut would run on into the records after it and look
+    like mid-log damage (needs --force) on a log that has none. The reader sees the file
+    changed under it and reads it again."""
+    d = str(tmp_path / "st")
+    plain = open_jsonl(d)
+    plain.create("s1", [{"type": "x/ev", "i": i} for i in range(3)])
+    path = tmp_path / "st" / "s1.jsonl"
+    torn = b'{"seq":5,"ts":1.0,"type":"x/ev","pad":"' + b"b" * 700_000  # longer than one read
+    with open(path, "ab") as f:
+        f.write(torn)
+
+    def repair_and_append():
+        assert plain.repair("s1").status == "repaired"
+        plain.append("s1", [{"type": "x/ev", "i": i, "pad": "a" * 30_000} for i in range(30)])
+
+    reader = open_jsonl(d, fs=CutAndRegrownWhileRead(repair_and_append))
+    if how == "scan":
+        res = reader.scan("s1")
+        assert res.damage is None and res.last_seq == 35, res.damage  # header, 3, marker, 30
+    else:
+        seqs = [r.seq for r in reader.read("s1")]
+        assert seqs == list(range(1, 36))
+    assert reader.fs.meanwhile is None  # it did happen under the reader
+    assert plain.scan("s1").status == "clean"
