@@ -34,11 +34,13 @@ Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever
 
 - An event the store refuses (not an event, no ``type``, a ``seq`` of its own, not
   serializable, nested too deep, over a size limit: :class:`~sessionlog.InvalidEvent`)
-  fails only its producer: ``submit`` and ``append`` check the events as the store does
-  and raise at once, accepting nothing. A batch the store still refuses when written (a
-  record that a longer seq pushes over the record limit) is split until the refused
-  producer is found; its future fails, ``on_error`` hears of it when no ``append`` was
-  awaiting it, and everything else is written, in order.
+  fails only its producer: ``submit`` checks the events as the store does and raises at
+  once, accepting nothing (a producer that submits and moves on never loses events
+  silently); ``append`` raises the store's refusal when its events are written. A batch
+  the store refuses when written is split until the refused producer is found; its
+  future fails (``on_error`` hears of it too when no ``append`` was awaiting it: a record
+  that its real, longer seq pushes over the record limit), and everything else is
+  written, in order.
 - A batch that failed and was rolled back goes back to the head of the queue, in order,
   and the automatic path pauses. The failure is reported to ``on_error``. Producers
   awaiting :meth:`WriteBehind.append` get the failure at once and their events are
@@ -67,6 +69,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 
 from .contract import (
     AppendFailed,
@@ -81,8 +85,12 @@ from .contract import (
     StoreClosed,
     events_list,
 )
-from .events import Record
+from .events import Record, plain_size
 from .scan import DEFAULT_LIMITS, batch_size, encode_batch
+
+ENVELOPE_BYTES = 64
+"""Bytes a record takes beyond its event's own encoding, at most: the envelope the store
+adds (``{"seq":…,"ts":…,``) and the line's newline."""
 
 SEQ_MARGIN = 16
 """Bytes counted per record on top of its line encoded at seq 1, when a batch is bounded by
@@ -182,12 +190,12 @@ class WriteBehind:
         mappings, no type, a seq of their own, not serializable, nested too deep, over the
         record limit) or they are larger than a batch; the session's failure while it is
         paused or stopped."""
-        lane, pending = self._accept(session_id, events, expect_seq)
+        lane, pending = self._accept(session_id, events, expect_seq, checked=True)
         self._start(lane)
         return pending.future
 
     def _accept(self, session_id: str, events: Sequence[Mapping[str, Any]],
-                expect_seq: int | None) -> tuple[_Lane, _Pending]:
+                expect_seq: int | None, *, checked: bool = False) -> tuple[_Lane, _Pending]:
         """Queue the events (what :meth:`submit` does but start writing them)."""
         if self._closing:
             raise StoreClosed("write-behind is closing: no new events are accepted")
@@ -198,7 +206,7 @@ class WriteBehind:
         if failure is not None:
             raise failure
         batch = events.copy() if type(events) is list else events_list(events)
-        nbytes = self._checked_size(batch)
+        nbytes = self._checked_size(batch) if checked else _encoded_size(batch)
         if nbytes > self.max_batch_bytes:
             raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
                                f"({self.max_batch_bytes} bytes); split them")
@@ -214,12 +222,16 @@ class WriteBehind:
     def _checked_size(self, batch: list[Mapping[str, Any]]) -> int:
         """Bytes ``batch`` takes in a write, once every event in it is checked as the
         store checks it (the same rules, the same InvalidEvent naming the event at fault):
-        an event the store would refuse is refused now, not after its producer has moved
-        on. Only the record limit is checked at seq 1 (a later seq has more digits); a
-        record that it pushes over the limit fails when written, and ``on_error`` hears
-        of it."""
+        an event the store would refuse is refused when submitted, not after its producer
+        has moved on. Only the record limit is checked at seq 1 (a later seq has more
+        digits); a record that it pushes over the limit fails when written, and
+        ``on_error`` hears of it. (``append`` skips this: its producer waits for the
+        write and hears why it was refused.)"""
         if not batch:
             return 0
+        size = plain_size(batch)  # the common case: records by construction, only sizes to check
+        if size is not None and size + ENVELOPE_BYTES <= self._limits.record_limit:
+            return size + ENVELOPE_BYTES * len(batch)
         lines = encode_batch(batch, 1, self._limits)
         return batch_size(lines) + SEQ_MARGIN * len(lines)
 
@@ -711,6 +723,18 @@ class WriterSession:
 class _Refused(InvalidEvent):
     """The store raised something other than a SessionLogError before writing (an
     encoder's RecursionError...): the events are refused, as an InvalidEvent."""
+
+
+def _encoded_size(events: list[Mapping[str, Any]]) -> int:
+    """Bytes the events take encoded, plus the envelope: a batch's size before its seqs
+    are known; InvalidEvent when they cannot be encoded at all."""
+    try:
+        return len(_encoder.encode(events)) + ENVELOPE_BYTES * len(events)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        raise InvalidEvent(f"events cannot be encoded: {type(exc).__name__}: {exc}") from None
+
+
+_encoder = msgspec.json.Encoder()
 
 
 def _as_error(exc: BaseException) -> SessionLogError:

@@ -31,6 +31,7 @@ from sessionlog.events import (
     encode_block,
     encode_records,
     encode_records_at,
+    plain_size,
 )
 from sessionlog.scan import Limits, encode_batch, encode_batches
 from sessionlog.contract import InvalidEvent
@@ -510,3 +511,19 @@ def test_batch_limit_counts_each_line_and_its_newline() -> None:
     assert encode_batch(batch, 2, Limits(batch_limit=size), now=NOW) == lines
     with pytest.raises(InvalidEvent, match=f"batch of {size} bytes exceeds the batch limit of {size - 1} bytes"):
         encode_batch(batch, 2, Limits(batch_limit=size - 1), now=NOW)
+
+
+@given(batch=batches, first=st.sampled_from([1, 2, 10**6, 2**53]))
+@example(batch=[{"type": "x", 1: "int key"}], first=1)
+@example(batch=[{"type": "x", "v": [[[[1]]]]}] * 5, first=1)
+@example(batch=[{"type": "x", "ts": 1.5}], first=1)
+def test_plain_size_says_records_by_construction_only_of_records(batch: list[Any], first: int) -> None:
+    """What the write-behind's ``submit`` takes without encoding the records: a batch
+    ``plain_size`` sizes is one ``encode_batch`` takes at any seq (given room), and each
+    record is at most its event's share of that size plus the envelope."""
+    size = plain_size(batch)
+    if size is None:
+        return
+    lines = encode_batch(batch, first, Limits(record_limit=1 << 30, batch_limit=1 << 30))
+    assert len(lines) == len(batch) and size == len(msgspec.json.encode(batch))
+    assert all(len(line) <= len(msgspec.json.encode(event)) + 64 for line, event in zip(lines, batch))
