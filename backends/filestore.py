@@ -153,6 +153,14 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+def _reread(damage: Damage, changed: bool, seen: tuple[DamageKind, int] | None) -> bool:
+    """True when a reader should read the file again for ``damage``, found while the file
+    ``changed`` under it: a repair may have cut the file and appends grown it back, and
+    bytes read before the cut then run on into bytes written after it. Not for a write in
+    flight (not damage), nor for damage already ``seen`` at that place (it is in the file)."""
+    return changed and damage.kind.status is not None and (damage.kind, damage.offset) != seen
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     """What must not change for a remembered tail to still be the file's tail (ctime
     too: no one can set it, so a restored file with an old mtime does not pass)."""
@@ -576,13 +584,8 @@ class FileStore:
         seen = None
         for _ in range(_SCAN_RETRIES):
             damage = result.damage
-            if damage is None or not changed or not damage.kind.status:
+            if damage is None or not _reread(damage, changed, seen):
                 break
-            if (damage.kind, damage.offset) == seen:
-                break  # the same damage twice: it is in the file, not in how it was read
-            # The file changed while this scan read it: a repair may have cut it and
-            # appends grown it back, and bytes read before the cut then run on into bytes
-            # written after it. Damage found so may be none: look again.
             seen = (damage.kind, damage.offset)
             result, changed = self._scan(session_id, owned=self._owned(session_id))
         return result
@@ -647,12 +650,8 @@ class FileStore:
                 damage = scanner.damage
                 if damage is None:
                     break
-                # Damage found while the file changed under this reader (damage a writer's
-                # write in flight does not count) may be bytes read before a repair's cut
-                # run on into bytes appended after it, unless it is seen twice.
-                rejoined = (damage.kind.status is not None and (damage.kind, damage.offset) != seen
-                            and _stamp(self.fs.fstat(fd)) != before)
-                if not rejoined and not self._moved(path, ino, damage.offset + damage.length):
+                changed = _stamp(self.fs.fstat(fd)) != before
+                if not _reread(damage, changed, seen) and not self._moved(path, ino, damage.offset + damage.length):
                     break
                 seen = (damage.kind, damage.offset)
                 # The file shrank, was replaced or changed under this reader (repair,

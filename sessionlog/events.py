@@ -993,11 +993,8 @@ def plain_size(events: Sequence[Mapping[str, Any]]) -> int | None:
     if not _DICT.issuperset(map(type, events)):
         return None
     if len(events) <= 4:  # msgspec.convert costs ~1 µs a call: a few events are checked here
-        for event in events:
-            type_ = event.get("type")
-            if (type(type_) is not str or not type_ or "seq" in event or "ts" in event
-                    or not _STR.issuperset(map(type, event))):
-                return None  # (an event with its own ts: the exact path checks it)
+        if not all(map(_fresh_without_ts, events)):
+            return None  # (an event with its own ts: the exact path checks it)
     else:
         try:
             msgspec.convert(events, _FRESH)
@@ -1020,10 +1017,7 @@ def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
     Such an event is a record by construction (see :func:`_encode_fast`); the checks are
     those of :class:`_Fresh` and :func:`_plain`, made on the one dict without building
     anything."""
-    if type(event) is not dict or "ts" in event or "seq" in event or type(seq) is not int:
-        return None
-    type_ = event.get("type")
-    if (type(type_) is not str or not type_ or not _STR.issuperset(map(type, event))
+    if (type(event) is not dict or type(seq) is not int or not _fresh_without_ts(event)
             or not (_SCALARS.issuperset(map(type, event.values())) or _plain([event]))):
         return None
     try:
@@ -1033,6 +1027,15 @@ def _one_block(event: Mapping[str, Any], seq: int, when: float) -> bytes | None:
     if not body.startswith(_TYPE_HEAD):
         return None
     return b'{"seq":%d,"ts":%b,%b\n' % (seq, _encoder.encode(when), body[1:])
+
+
+def _fresh_without_ts(event: dict[str, Any]) -> bool:
+    """:class:`_FreshWithoutTs` checked on one dict in Python (cheaper than a
+    ``msgspec.convert`` call for a few events): exact ``str`` keys, a non-empty ``str``
+    type, neither ``ts`` nor ``seq``."""
+    type_ = event.get("type")
+    return (type(type_) is str and bool(type_) and "ts" not in event and "seq" not in event
+            and _STR.issuperset(map(type, event)))
 
 
 def _plain(events: Sequence[dict[str, Any]]) -> bool:
