@@ -618,7 +618,7 @@ class FileStore:
         unmarked = [q for q in self.quarantines(session_id) if q not in named]
         result = ScanResult.of_prefix(
             session_id, path, scanner, tracker, stable_offset=scanner.stable_offset, owned=owned,
-            unmarked_quarantines=unmarked, load=lambda: self.read(session_id),
+            unmarked_quarantines=unmarked, load=lambda: self.read_prefix(session_id),
             last_raw=run.last_raw() if run is not None else None,
         )
         return result, changed
@@ -629,9 +629,15 @@ class FileStore:
         Raises SequenceConflict (at the end) when ``after_seq`` lies beyond the log's
         last record: the reader saw records that are no longer there."""
         self.check_id(session_id)
-        return self._read(session_id, read_start(after_seq))
+        return self._read(session_id, read_start(after_seq), whole=True)
 
-    def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
+    def read_prefix(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
+        """:meth:`read` that ends quietly at damage needing ``--force`` (see
+        :func:`sessionlog.contract.read_prefix`)."""
+        self.check_id(session_id)
+        return self._read(session_id, read_start(after_seq), whole=False)
+
+    def _read(self, session_id: str, after_seq: int, *, whole: bool) -> Iterator[Record]:
         path = self.path_of(session_id)
         last = after_seq
         seen = None
@@ -661,6 +667,16 @@ class FileStore:
                 raise _io_error(exc, path, "read") from exc
             finally:
                 self.fs.close(fd)
+        damage = scanner.damage
+        if whole and damage is not None and damage.kind.needs_force:
+            # Records that still decode lie after the damage: what was given is not the whole
+            # history, and a caller must not take it for that (a model fed it, a resume from it).
+            raise CorruptLog(
+                f"{path}: {damage.kind} at offset {damage.offset}: read stopped at seq {scanner.last_seq}; "
+                f"{damage.records_after} decodable records after the damage were not read ({damage.reason}); "
+                "see `sessionlog scan`, then repair with force or salvage",
+                path=path, offset=damage.offset, kind=str(damage.kind),
+            )
         if after_seq > scanner.last_seq:
             raise SequenceConflict(
                 f"{path}: read after seq {after_seq}, but the log ends at seq {scanner.last_seq}",

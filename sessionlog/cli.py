@@ -35,6 +35,7 @@ from .contract import (
     SessionLogError,
     Status,
     UnsupportedFormat,
+    read_prefix,
 )
 from .events import LOG_TRUNCATED
 from .targets import STDIN, StoreTarget, TargetNotFound, resolve, stdin_log
@@ -526,7 +527,7 @@ def _print_repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: boo
 def repaired_view(store: EventStore, sid: str, plan: RepairReport) -> Iterator[Any]:
     """The session as repair would leave it, without writing: the durable prefix, then
     what the repair ``plan`` (a forced dry run) would append."""
-    yield from store.read(sid)
+    yield from read_prefix(store, sid)
     if plan.status == "repaired":
         yield from plan.appended
 
@@ -576,7 +577,7 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) ->
     durable: list[int] = []
 
     def read() -> Iterator[Any]:
-        records = store.read(sid)
+        records = read_prefix(store, sid)
         if durable:
             records = itertools.islice(records, durable[0])
         n = 0

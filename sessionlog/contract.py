@@ -488,7 +488,9 @@ class EventStore(Protocol):
     def read(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
         """Stream the durable prefix's records with seq > ``after_seq`` (an int; below 1
         reads from the header; TypeError for anything else). Raises SequenceConflict
-        when ``after_seq`` lies beyond the prefix's last record."""
+        when ``after_seq`` lies beyond the prefix's last record, and CorruptLog after the
+        prefix when damage that needs ``--force`` follows it (records that still decode lie
+        beyond: the prefix is not the session's history; :func:`read_prefix` reads it)."""
         ...
 
     def repair(
@@ -601,6 +603,15 @@ class ImportCheck:
 READ_LIMIT = (1 << 63) - 1
 """The largest ``after_seq`` a backend is handed (a SQL BIGINT): no log holds that many
 records, so any larger one reads past the end just the same (SequenceConflict)."""
+
+
+def read_prefix(store: EventStore, session_id: str, after_seq: int = 0) -> Iterator[Record]:
+    """The durable prefix's records with seq > ``after_seq``, even when damage that needs
+    ``--force`` lies after them, for the tools that show, convert or restore a damaged log
+    (they say so themselves). ``store.read`` raises CorruptLog at that damage instead: a
+    caller taking its records for the session's history must not get a part of it."""
+    prefix = getattr(store, "read_prefix", None)
+    return store.read(session_id, after_seq) if prefix is None else prefix(session_id, after_seq)
 
 
 def read_start(after_seq: object) -> int:

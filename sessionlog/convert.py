@@ -31,6 +31,7 @@ from .contract import (
     SessionExists,
     SessionLogError,
     SessionNotFound,
+    read_prefix,
 )
 from .events import LOG_TRUNCATED, Record
 from .exits import worst
@@ -316,7 +317,7 @@ def publish(dst_: Destination, sid: str, records: Callable[[], Iterable[Record]]
 
 def _stream(src: EventStore, sid: str, scan: ScanResult, appended: list[Record]) -> Iterator[Record]:
     """Exactly the prefix the scan reported, then the repair plan's records (if any)."""
-    reader = src.read(sid)
+    reader = read_prefix(src, sid)
     try:
         yield from itertools.takewhile(lambda r: r.seq <= scan.last_seq, reader)
         yield from appended

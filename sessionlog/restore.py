@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import IOFailure, SessionLocked, SessionLogError
+from .contract import IOFailure, SessionLocked, SessionLogError, read_prefix
 from .durable import O_NOFOLLOW, fsync_dir, publish_replace
 from .events import LOG_TRUNCATED
 
@@ -86,7 +86,7 @@ def _restore_locked(store: Any, sid: str, dry_run: bool) -> RestoreReport:
     marker = None
     after = 0
     unsynthetic = None
-    for record in store.read(sid):
+    for record in read_prefix(store, sid):
         if record.type == LOG_TRUNCATED and isinstance(record.get("quarantine"), str):
             marker, after, unsynthetic = record, 0, None
         elif marker is not None:

@@ -22,6 +22,7 @@ from test_transcript import (
 )
 
 import sessionlog
+from sessionlog.contract import read_prefix
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from sessionlog.projection import FORMATS, UnknownFormat, check_pairing, project
 
@@ -32,7 +33,7 @@ FIXTURE_FILES = sorted(FIXTURES.glob("*.jsonl"))
 def _view(store: sessionlog.EventStore, sid: str) -> list[Any]:
     """What `sessionlog show` projects: the durable prefix, then what repair would append."""
     plan = store.repair(sid, force=True, dry_run=True)
-    return list(store.read(sid)) + (list(plan.appended) if plan.status == "repaired" else [])
+    return list(read_prefix(store, sid)) + (list(plan.appended) if plan.status == "repaired" else [])
 
 
 @pytest.mark.parametrize("fixture", FIXTURE_FILES, ids=[f.stem for f in FIXTURE_FILES])
@@ -41,7 +42,7 @@ def test_fixture_views_pass_their_checker(tmp_path: Path, fixture: Path, fmt: st
     shutil.copy(fixture, tmp_path / fixture.name)
     with sessionlog.open_store(f"jsonl:{tmp_path}") as store:
         sid = fixture.stem
-        for records in (list(store.read(sid)), _view(store, sid)):
+        for records in (list(read_prefix(store, sid)), _view(store, sid)):
             view = project(records, fmt)
             assert check_pairing(view.items, fmt) is None
             assert_paired(view.items, fmt, records)

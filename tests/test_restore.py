@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 import sessionlog
+from sessionlog.contract import read_prefix
 from sessionlog.cli import main
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
@@ -158,4 +159,4 @@ def test_salvage_keeps_records_after_a_bad_frame_with_a_marker(tmp_path):
     marker = recs[10]
     assert marker["type"] == "log/truncated" and marker["dropped_seqs"] == [11, 11] and marker["reason"] == "salvage"
     assert recs[11]["salvaged_seq"] == 12 and recs[11]["content"].startswith("m10 ")
-    assert [r.raw for r in recs[:10]] == [r.raw for r in list(store.read("s1"))[:10]]  # byte for byte
+    assert [r.raw for r in recs[:10]] == [r.raw for r in list(read_prefix(store, "s1"))[:10]]  # byte for byte
