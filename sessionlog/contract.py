@@ -169,8 +169,11 @@ def power_loss_nuls(unit: bytes, offset: int) -> bool:
     offset ``offset``, holds the NULs a power loss inside one append leaves: NULs right
     where the tail starts (the append's first page never written back), or a NUL run
     covering a whole aligned sector (a later page of it never written back, whatever
-    landed around it). A flipped byte, even to NUL, is neither."""
-    if unit[:1] == b"\0":
+    landed around it). A flipped byte, even to NUL, is neither: a sector is written whole
+    or not at all, so NULs where the tail starts run at least to the end of its sector (or
+    of the unit, when that is shorter)."""
+    head = min(len(unit), SECTOR - offset % SECTOR)
+    if head and unit[:head] == bytes(head):
         return True
     i = unit.find(_ZERO_SECTOR)
     if i < 0:

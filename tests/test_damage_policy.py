@@ -161,7 +161,10 @@ def test_a_nul_page_inside_a_line_followed_by_records_within_reach_is_zero_fill(
 @pytest.mark.parametrize(
     ("unit", "offset", "crash"),
     [
-        (b"\0abc", 100, True),  # NULs where the tail starts
+        (bytes(412) + b"abc", 100, True),  # NULs where the tail starts, to the end of its sector
+        (bytes(3), 100, True),  # a unit of NULs shorter than the rest of its sector
+        (b"\0abc", 100, False),  # one byte flipped to NUL where the tail starts: no sector is half written
+        (bytes(411) + b"abc", 100, False),
         (b"ab" + bytes(512) + b"cd", 510, True),  # covers the sector 512..1024
         (b"ab" + bytes(512) + b"cd", 0, False),  # 512 NULs at 2..514: no whole aligned sector
         (b"ab" + bytes(1023) + b"cd", 0, True),  # any 1023 NULs cover a sector
@@ -182,3 +185,23 @@ def test_durable_batches_keep_order_and_fit():
     assert all(sum(len(x) + 1 for x in b) <= 1000 for b in batches)
     assert all(sum(len(x) + 1 for x in a) + len(b[0]) + 1 > 1000 for a, b in zip(batches, batches[1:]))
     assert durable_batches([], 1000) == []
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
+def test_one_nul_at_the_start_of_an_old_record_is_mid_log(tmp_path, backend):
+    """A byte of old history flipped to NUL where a record (a frame) starts, with
+    acknowledged appends after it: not what a power loss leaves, never cut without force."""
+    store = sessionlog.open_store(f"{backend}:{tmp_path}")
+    store.create("s")
+    [path] = list(tmp_path.glob("s.*"))
+    starts = []
+    for i in range(50):
+        starts.append(path.stat().st_size)
+        store.append("s", [{"type": "note", "i": i}])
+    data = bytearray(path.read_bytes())
+    data[starts[10]] = 0
+    path.write_bytes(bytes(data))
+    damage = store.scan("s").damage
+    assert damage is not None and damage.kind is DamageKind.MID_LOG and damage.offset == starts[10]
+    assert store.repair("s").status == "refused"
+    assert path.read_bytes() == bytes(data)

@@ -13,6 +13,7 @@ from sessions import answered_exactly_once, batches, crashed_sessions
 
 import sessionlog
 from sessionlog import CorruptLog, DamageKind, Limits
+from sessionlog.contract import SECTOR
 from sessionlog.scan import scan_bytes
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
@@ -114,9 +115,11 @@ def test_zero_filled_tail(data):
     cut = pick(data, header_end, len(log))
     stable = log[:cut].rfind(b"\n") + 1
     # Power loss during the last write W: its first k bytes are NULs, its later pages
-    # landed; the file may also have been extended with NULs past them.
+    # landed; the file may also have been extended with NULs past them. A sector is
+    # written whole or not at all, so the NULs run to a sector's end (or W's).
     last_write = log[stable:]
     k = pick(data, 1, max(1, len(last_write)))
+    k = min(max(1, len(last_write)), -(-(stable + k) // SECTOR) * SECTOR - stable)
     trailing = data.draw(st.integers(0, 64))
     damaged = log[:stable] + b"\0" * k + last_write[k:] + b"\0" * trailing
     limits = Limits(batch_limit=data.draw(st.sampled_from([256, 1024, 1 << 20])))
