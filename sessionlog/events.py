@@ -990,6 +990,13 @@ def plain_size(events: Sequence[Mapping[str, Any]]) -> int | None:
     JSON values nested within the depth limit (:func:`_plain`). None when any event is
     not (:func:`encode_records` then says whether it is a record, and why not). Each
     record such an event makes is at most its own encoding plus the envelope."""
+    encoded = plain_encoding(events)
+    return None if encoded is None else len(encoded)
+
+
+def plain_encoding(events: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """``events`` encoded as one JSON array when the batch is records by construction
+    (see :func:`plain_size`), else None."""
     if not _DICT.issuperset(map(type, events)):
         return None
     if len(events) <= 4:  # msgspec.convert costs ~1 µs a call: a few events are checked here
@@ -1003,7 +1010,7 @@ def plain_size(events: Sequence[Mapping[str, Any]]) -> int | None:
     if not _plain(events):  # type: ignore[arg-type]
         return None
     try:
-        return len(_encoder.encode(events))
+        return _encoder.encode(events)
     except (TypeError, msgspec.EncodeError, OverflowError, ValueError, RecursionError):
         return None
 

@@ -49,7 +49,10 @@ Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever
   :meth:`WriteBehind.flush` retries the queue and raises if it fails again (the queue is
   kept for a later flush).
 - Owning the session failed (``SessionLocked``, ``SessionNotFound``, ``CorruptLog``):
-  every queued event of the session fails with that error; nothing was written.
+  every queued event of the session fails with that error; nothing was written. When
+  some of them were submitted (no ``append`` awaiting them), the next
+  :meth:`WriteBehind.flush` (or :meth:`WriteBehind.close`) raises the error too, however
+  long after: a producer that moved on hears of it at its checkpoint.
 - A batch whose outcome is unknown (``AppendFailed.outcome_unknown``: a commit error, a
   failed rollback) is never written again: its producers get that error, the other
   queued events are failed and dropped, and the session refuses new events.
@@ -85,7 +88,7 @@ from .contract import (
     StoreClosed,
     events_list,
 )
-from .events import Record, plain_size
+from .events import Record, plain_encoding
 from .scan import DEFAULT_LIMITS, batch_size, encode_batch
 
 ENVELOPE_BYTES = 64
@@ -119,6 +122,7 @@ class _Lane:
     last: _Pending | None = None  # the last event accepted: what a flush waits for
     paused: SessionLogError | None = None  # a retryable failure: the automatic path waits for flush()
     dead: SessionLogError | None = None  # an unknown outcome: nothing more is written
+    lost: SessionLogError | None = None  # submitted events failed for the session's state: the next flush raises it
     waiters: set[asyncio.Future[None]] = field(default_factory=set)  # flushes waiting (woken when it pauses)
 
 
@@ -184,6 +188,8 @@ class WriteBehind:
         last of them once they are durable (or fails with why they were not written).
         With ``expect_seq`` they are written only if the session's last seq is then
         ``expect_seq`` (else the future fails with SequenceConflict; nothing else does).
+        The events are copied as they are now: the caller may reuse or change its dicts
+        once this returns, and what is written is what was submitted.
 
         Raises at once, accepting nothing: StoreClosed after close() began; InvalidEvent
         when the store would refuse the events (the same rules as ``store.append``: not
@@ -206,7 +212,10 @@ class WriteBehind:
         if failure is not None:
             raise failure
         batch = events.copy() if type(events) is list else events_list(events)
-        nbytes = self._checked_size(batch) if checked else _encoded_size(batch)
+        if checked:
+            batch, nbytes = self._snapshot(batch)
+        else:
+            nbytes = _encoded_size(batch)
         if nbytes > self.max_batch_bytes:
             raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
                                f"({self.max_batch_bytes} bytes); split them")
@@ -219,21 +228,32 @@ class WriteBehind:
         self._accepted += 1
         return lane, pending
 
-    def _checked_size(self, batch: list[Mapping[str, Any]]) -> int:
-        """Bytes ``batch`` takes in a write, once every event in it is checked as the
-        store checks it (the same rules, the same InvalidEvent naming the event at fault):
-        an event the store would refuse is refused when submitted, not after its producer
-        has moved on. Only the record limit is checked at seq 1 (a later seq has more
+    def _snapshot(self, batch: list[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], int]:
+        """The events of a submit as they are now, and the bytes they take in a write.
+
+        Every event is checked as the store checks it (the same rules, the same
+        InvalidEvent naming the event at fault): an event the store would refuse is
+        refused when submitted, not after its producer has moved on. What is queued is a
+        private copy (the events encoded now and decoded again): a producer may reuse or
+        change its dicts once ``submit`` returns, and what is written is what it
+        submitted. Only the record limit is checked at seq 1 (a later seq has more
         digits); a record that it pushes over the limit fails when written, and
         ``on_error`` hears of it. (``append`` skips this: its producer waits for the
         write and hears why it was refused.)"""
         if not batch:
-            return 0
-        size = plain_size(batch)  # the common case: records by construction, only sizes to check
-        if size is not None and size + ENVELOPE_BYTES <= self._limits.record_limit:
-            return size + ENVELOPE_BYTES * len(batch)
+            return batch, 0
+        encoded = plain_encoding(batch)  # the common case: records by construction, only sizes to check
+        if encoded is not None and len(encoded) + ENVELOPE_BYTES <= self._limits.record_limit:
+            return _decoder.decode(encoded), len(encoded) + ENVELOPE_BYTES * len(batch)
         lines = encode_batch(batch, 1, self._limits)
-        return batch_size(lines) + SEQ_MARGIN * len(lines)
+        copies: list[Mapping[str, Any]] = []
+        for event, line in zip(batch, lines, strict=True):
+            copy = _decoder.decode(line)  # the record at seq 1: the event's members after seq and ts
+            del copy["seq"]
+            if event.get("ts") is None:
+                del copy["ts"]  # the store stamps it when written
+            copies.append(copy)
+        return copies, batch_size(lines) + SEQ_MARGIN * len(lines)
 
     async def append(self, session_id: str, events: Sequence[Mapping[str, Any]], *,
                      expect_seq: int | None = None) -> int:
@@ -502,6 +522,8 @@ class WriteBehind:
         elif isinstance(failure, (SessionLocked, SessionNotFound, CorruptLog, StoreClosed)):
             # Owning the session failed (or the store is gone): nothing was written, and
             # retrying will not help these producers; a later event tries again.
+            if any(not p.awaited for p in batch) or any(not p.awaited for p in lane.queue):
+                lane.lost = failure  # a producer that moved on: the next flush raises it
             _fail(batch, failure)
             _fail(lane.queue, failure)
             lane.queue.clear()
@@ -594,7 +616,9 @@ class WriteBehind:
         is raised and the queue is kept (a later flush retries it). Raises the session's
         failure when events accepted before the call were not written because of it
         (SessionLocked, AppendFailed, StoreClosed...), not when one producer's own events
-        were refused (that producer's future says so)."""
+        were refused (that producer's future says so). Submitted events that failed so
+        before the call, while no flush was waiting (the session was owned by another
+        handle...), are raised here too, once."""
         if session_id is None:
             lanes = list(self._lanes.values())
         else:
@@ -618,6 +642,9 @@ class WriteBehind:
         target = lane.queue[-1] if lane.queue else lane.last
         if target is None or target.future.done():
             lane.paused = None  # nothing left to retry: its producers were told
+            lost, lane.lost = lane.lost, None
+            if lost is not None:
+                raise lost
             return
         retried: SessionLogError | None = None
         while not target.future.done():
@@ -638,11 +665,12 @@ class WriteBehind:
                 await waiter
             finally:
                 lane.waiters.discard(waiter)
-        if target.refused:
-            return
-        exc = target.future.exception()
+        lost, lane.lost = lane.lost, None
+        exc = None if target.refused else target.future.exception()
         if exc is not None:
             raise exc
+        if lost is not None:
+            raise lost
 
     async def close(self) -> None:
         """Stop admission, flush every session, release every session it owns. Events
@@ -735,6 +763,7 @@ def _encoded_size(events: list[Mapping[str, Any]]) -> int:
 
 
 _encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
 
 
 def _as_error(exc: BaseException) -> SessionLogError:

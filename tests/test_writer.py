@@ -713,3 +713,63 @@ def test_flush_and_close_raise_only_session_log_errors(tmp_path):
 
     asyncio.run(main())
     assert [r["type"] for r in store.read("s1")] == ["session/start"]
+
+
+@pytest.mark.parametrize("own_ts", [False, True])
+def test_submitted_events_are_written_as_they_were_when_submitted(tmp_path, own_ts):
+    """A producer that reuses or changes its dicts after submit() (a buffer it refills,
+    a message it goes on editing) still gets what it submitted written; an event it
+    makes invalid afterwards is not dropped."""
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+
+    async def main():
+        async with WriteBehind(store, max_delay=0.05) as w:
+            event = {"type": "note", "text": "first", "tags": ["a"], "meta": {"n": 1}}
+            if own_ts:
+                event["ts"] = 1700000000.5
+            futures = [w.submit("s1", [event])]
+            event["text"] = "second"
+            event["tags"].append("b")
+            event["meta"]["n"] = 2
+            futures.append(w.submit("s1", [event]))
+            event["tags"].append(object())  # no longer serializable, after it was submitted
+            del event["type"]
+            await w.flush("s1")
+            return [f.result() for f in futures]
+
+    assert asyncio.run(main()) == [2, 3]
+    records = list(store.read("s1"))[1:]
+    assert [(r["text"], r["tags"], r["meta"]) for r in records] == [("first", ["a"], {"n": 1}),
+                                                                     ("second", ["a", "b"], {"n": 2})]
+    if own_ts:
+        assert [r.ts for r in records] == [1700000000.5, 1700000000.5]
+
+
+def test_submitted_events_lost_to_another_owner_are_raised_by_the_next_flush_and_close(tmp_path):
+    """Submitted events that fail because another handle owns the session, while no
+    flush waits, are not lost silently: the next flush raises why, and so does close."""
+    store = open_jsonl(str(tmp_path))
+    store.create("s1")
+    store.create("s2")
+    owner = store.session("s1")
+
+    async def main():
+        w = WriteBehind(store)
+        queued = w.submit("s1", [{"type": "b"}])
+        with pytest.raises(sessionlog.SessionLocked):
+            await asyncio.wait_for(asyncio.shield(queued), 5)
+        await asyncio.sleep(0.01)
+        with pytest.raises(sessionlog.SessionLocked):
+            await w.flush("s1")
+        await w.flush("s1")  # raised once: nothing more was lost since
+        w.submit("s1", [{"type": "c"}])
+        await asyncio.sleep(0.05)
+        w.submit("s2", [{"type": "d"}])
+        with pytest.raises(sessionlog.SessionLocked):
+            await w.close()
+
+    asyncio.run(main())
+    owner.close()
+    assert [r["type"] for r in store.read("s1")] == ["session/start"]
+    assert [r["type"] for r in store.read("s2")] == ["session/start", "d"]
