@@ -236,7 +236,8 @@ class PendingCalls:
                             raw = members.get("turn")
                             if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
                                 turn = decode(raw)
-                                if not (turn is None or turn == call.turn or key_of(turn) == key_of(call.turn)):
+                                if not (turn is None or turn == call.turn or key_of(turn) == key_of(call.turn)
+                                        or key_of(turn) in turns):  # see _match
                                     continue
                     else:
                         call = self._match(_scanned(type_, seq, members))
@@ -336,7 +337,8 @@ class PendingCalls:
                     raw = members.get("turn")
                     if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
                         turn = _decode(raw)  # not the turn as its message wrote it: compare values
-                        if not (turn is None or turn == call.turn or _key(turn) == _key(call.turn)):
+                        if not (turn is None or turn == call.turn or _key(turn) == _key(call.turn)
+                                or _key(turn) in self._turns):  # see _match
                             return None
             else:
                 call = self._match(_scanned(type_, seq, members))
@@ -495,6 +497,13 @@ class PendingCalls:
                 call.approval, call.approval_seq = state, self.last_seq
 
     def _match(self, record: Mapping[str, Any], call_id: Any = _UNSET) -> PendingCall | None:
+        """The call owed a result that ``record`` (a tool/call, tool/result or approval)
+        names by its ``call_id``, or None. When one call is owed a result under the id, the
+        record answers it if it names no turn, the call's turn, or a turn open now (a run
+        resumed in a new turn answering a call of an earlier one); one naming another,
+        closed turn is that turn's late duplicate, not an answer. When several calls are
+        owed one (an id reused by a later turn), the record's turn, then the
+        ``assistant_seq`` it names, then its step choose among them."""
         if call_id is _UNSET:
             call_id = record.get("call_id")
         calls = self._by_id.get(call_id) if type(call_id) is str else None
@@ -509,7 +518,7 @@ class PendingCalls:
                 if raw is None or raw == call.turn_raw:  # the same turn, as written: no decoding
                     return call
             turn = record.get("turn")
-            if turn is None or turn == call.turn or _key(turn) == _key(call.turn):
+            if turn is None or turn == call.turn or _key(turn) == _key(call.turn) or _key(turn) in self._turns:
                 return call
             return None
         turn = record.get("turn")

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -440,6 +441,30 @@ def test_a_late_result_of_an_earlier_turn_does_not_answer_a_later_call_with_the_
         result("t1", 1, "c1", "a duplicate of t1's result"),
     ])
     assert [c.turn for c in PendingCalls().feed_all(records).unanswered()] == ["t2"]
+
+
+@pytest.mark.parametrize("close_first", [False, True])
+def test_a_result_written_in_a_later_open_turn_answers_the_call_of_an_earlier_one(close_first: bool) -> None:
+    """A run resumed in a new turn (after a human's approval, say) records the result of a
+    call its first turn asked with the new turn's name: the call has its result; repair
+    writes none for it, and the view pairs the real one."""
+    events = [
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        assistant("t1", 1, [("c1", "deploy")]),
+        call("t1", 1, "c1", "deploy"),
+    ]
+    if close_first:
+        events += [{"type": "step/end", "turn": "t1", "step": 1, "status": "interrupted"},
+                   {"type": "turn/end", "turn": "t1", "status": "interrupted"}]
+    events += [{"type": "turn/start", "turn": "t2"}, result("t2", 1, "c1", "deployed")]
+    records = numbered(events)
+    tracker = PendingCalls().feed_all(records)
+    assert tracker.unanswered() == []
+    assert "tool/result" not in [e["type"] for e in crash_plan(tracker)]
+    pairing = pair_calls(records)
+    assert [c.result["output"] for ex in pairing.exchanges for c in ex.calls] == ["deployed"]
+    assert pairing.orphan_seqs == [] and pairing.duplicate_seqs == []
 
 
 def test_ambiguous_synthetic_results_name_their_assistant_message() -> None:

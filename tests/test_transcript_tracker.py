@@ -1,7 +1,9 @@
 """The pending-call tracker's fast path (records read by the scanner, followed on their
 members' JSON text) against a straightforward reference: the tracker as it was before the
-fast path, kept here verbatim but for one fix (an unhashable ``tool/approval`` state
-raised TypeError; it is now a state the tracker does not follow).
+fast path, kept here verbatim but for two fixes (an unhashable ``tool/approval`` state
+raised TypeError; it is now a state the tracker does not follow. A result naming a turn
+open now answers the one call owed a result under its id, asked in an earlier turn: a run
+resumed in a new turn; it was left an orphan, and repair answered the call again).
 
 Random record sequences over the core vocabulary (turns and steps nested, re-opened and
 left open, tool calls, results and approvals with odd, missing, non-string and duplicate
@@ -211,7 +213,7 @@ class ReferenceCalls:
                 if raw is None or raw == call.turn_raw:
                     return call
             turn = record.get("turn")
-            if turn is None or turn == call.turn or _key(turn) == _key(call.turn):
+            if turn is None or turn == call.turn or _key(turn) == _key(call.turn) or _key(turn) in self._turns:
                 return call
             return None
         turn = record.get("turn")
