@@ -223,9 +223,12 @@ class FileSession:
                 # This store wrote or validated exactly this file state under the lock.
                 self._last_seq, self._last_ts = cached[1], cached[2]
             else:
-                self._last_seq, self._last_ts = self.store.framing.tail(
-                    fs, fd, self._end, session_id=self.session_id, where=self.path, limits=self.store.limits
-                )
+                try:
+                    self._last_seq, self._last_ts = self.store.framing.tail(
+                        fs, fd, self._end, session_id=self.session_id, where=self.path, limits=self.store.limits
+                    )
+                except CorruptLog as exc:
+                    raise self._as_scanned(exc) from None
                 self._remember(st)
         except OSError as exc:
             fs.close(fd)
@@ -234,6 +237,26 @@ class FileSession:
             fs.close(fd)
             raise
         self._fd = fd
+
+    def _as_scanned(self, refused: CorruptLog) -> CorruptLog:
+        """The refusal of a damaged tail as ``scan`` names the damage (its kind, its
+        offset, and the repair it needs): the tail check sees only the last append's
+        reach, so it cannot tell a corrupt tail from mid-log damage, nor torn bytes from
+        a power loss's NULs. Its own finding stands when a scan finds no damage (a header
+        or record over the limit, which scan refuses as not a session log)."""
+        try:
+            damage = self.store._scan(self.session_id, owned=False)[0].damage  # under the lock: nobody writes
+        except SessionLogError:
+            return refused
+        if damage is None:
+            return refused
+        if damage.kind.needs_force:
+            advice = (f"{damage.records_after} records that still decode lie after it: repair the session "
+                      "with force (they are quarantined) or salvage it before appending")
+        else:
+            advice = "repair the session before appending"
+        return CorruptLog(f"{self.path}: {damage.kind} at offset {damage.offset}: {damage.reason}; {advice}",
+                          path=self.path, offset=damage.offset, kind=str(damage.kind))
 
     def _remember(self, st: os.stat_result) -> None:
         self.store._tails[self.session_id] = (_identity(st), self._last_seq, self._last_ts)

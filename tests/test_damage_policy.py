@@ -205,3 +205,32 @@ def test_one_nul_at_the_start_of_an_old_record_is_mid_log(tmp_path, backend):
     assert damage is not None and damage.kind is DamageKind.MID_LOG and damage.offset == starts[10]
     assert store.repair("s").status == "refused"
     assert path.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
+@pytest.mark.parametrize("case", ["flipped byte, records after", "NULs past the end"])
+def test_opening_a_damaged_session_names_the_damage_as_scan_does(tmp_path, backend, case):
+    """A writer refused at open by damage near the tail hears what `sessionlog scan` says:
+    the same kind and offset, and the repair it needs (force for mid-log)."""
+    store = sessionlog.open_store(f"{backend}:{tmp_path}")
+    store.create("s")
+    [path] = list(tmp_path.glob("s.*"))
+    starts = []
+    for i in range(20):
+        starts.append(path.stat().st_size)
+        store.append("s", [{"type": "note", "i": i, "pad": "x" * 100}])
+    data = bytearray(path.read_bytes())
+    if case.startswith("flipped"):
+        data[starts[17] + 5] ^= 0x55
+    else:
+        data += bytes(600)
+    path.write_bytes(bytes(data))
+    damage = store.scan("s").damage
+    assert damage is not None
+    with pytest.raises(sessionlog.CorruptLog) as info:
+        store.session("s")
+    assert (info.value.kind, info.value.offset, info.value.path) == (str(damage.kind), damage.offset, str(path))
+    assert f"{damage.kind} at offset {damage.offset}" in str(info.value)
+    assert ("force" in str(info.value)) == damage.kind.needs_force
+    assert damage.kind is (DamageKind.MID_LOG if case.startswith("flipped") else DamageKind.ZERO_FILL)
+    assert path.read_bytes() == bytes(data)
