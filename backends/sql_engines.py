@@ -39,7 +39,7 @@ from sessionlog.contract import (
     SessionNotFound,
     StoreClosed,
 )
-from sessionlog.durable import DIR_MODE, OS, FileLock, lock_is_held
+from sessionlog.durable import DIR_MODE, OS, FileLock, ensure_store_dir, lock_is_held
 
 from .sql_schema import Schema
 
@@ -426,8 +426,12 @@ class SqliteKind(EngineKind):
 
 def _create_private(path: str) -> None:
     """Create the database file 0600 (transcripts hold secrets) unless it exists; SQLite
-    gives its -wal and -shm files the database file's permissions."""
+    gives its -wal and -shm files the database file's permissions. Missing parent
+    directories are created first (0700, durably)."""
     try:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            ensure_store_dir(OS, parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except FileExistsError:
         return

@@ -156,10 +156,16 @@ def _new_paths(url: str) -> list[str]:
     if not path or os.path.lexists(path):
         return []
     path = os.path.abspath(path)
+    parents: list[str] = []  # the missing directories above it, outermost first
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent) and not os.path.lexists(parent):
+        parents.insert(0, parent)
+        parent = os.path.dirname(parent)
     if scheme_of(url) != "sqlite":
-        return [path]  # a file store's directory
+        return [*parents, path]  # a file store's directory
     lock_dir = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.locks")
-    return [p for p in (path, *(path + s for s in ("-wal", "-shm", "-journal")), lock_dir) if not os.path.lexists(p)]
+    return [*parents, *(p for p in (path, *(path + s for s in ("-wal", "-shm", "-journal")), lock_dir)
+                        if not os.path.lexists(p))]
 
 
 class Destination:

@@ -212,12 +212,20 @@ def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
 
 
 def ensure_store_dir(fs: FileSystem, directory: str) -> None:
-    """Create ``directory`` (mode 0700) if needed, durably linked into its parent."""
+    """Create ``directory`` (mode 0700) if needed, durably linked into its parent; missing
+    parents are created the same way first (as ``mkdir -p`` does)."""
     try:
         fs.mkdir(directory, DIR_MODE)
     except FileExistsError:
         if not stat.S_ISDIR(fs.stat(directory).st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
+        return
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(directory))
+        if parent == os.path.abspath(directory):
+            raise
+        ensure_store_dir(fs, parent)
+        ensure_store_dir(fs, directory)
         return
     # After this the new store directory survives power loss.
     fsync_dir(fs, os.path.dirname(os.path.abspath(directory)))

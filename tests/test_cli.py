@@ -516,3 +516,22 @@ def test_foreign_tables_are_never_cut_or_wrapped_when_piped(tmp_path):
     assert r.returncode == 0 and "…" not in r.stdout
     [backup] = [n for n in os.listdir(deep) if n.endswith(".orig")]
     assert backup in r.stdout  # whole, on one line
+
+
+def test_convert_and_salvage_create_a_dst_whose_parents_are_missing(tmp_path):
+    """DST is created by the first session written into it, missing parent directories
+    included (mkdir -p); a convert that writes nothing leaves none of them behind."""
+    src = sessionlog.open_store(f"jsonl:{tmp_path / 'src'}")
+    src.create("s1")
+    src.append("s1", [{"type": "note", "i": 1}])
+    want = [r.raw for r in src.read("s1")]
+    for dst in (f"jsonl:{tmp_path / 'a' / 'b' / 'c'}", f"sqlite:///{tmp_path / 'd' / 'e' / 'x.sqlite'}"):
+        assert run("convert", f"jsonl:{tmp_path / 'src'}", dst)[0] == 0
+        assert [r.raw for r in sessionlog.open_store(dst).read("s1")] == want
+    assert run("salvage", str(tmp_path / "src" / "s1.jsonl"), f"zstd:{tmp_path / 'f' / 'g'}")[0] == 0
+    assert [r.raw for r in sessionlog.open_store(f"zstd:{tmp_path / 'f' / 'g'}").read("s1")] == want
+    (tmp_path / "empty").mkdir()
+    assert run("convert", f"jsonl:{tmp_path / 'empty'}", f"jsonl:{tmp_path / 'h' / 'i'}")[0] == 0
+    assert not (tmp_path / "h").exists()
+    store = sessionlog.open_store(f"jsonl:{tmp_path / 'j' / 'k'}")
+    assert store.sessions() == [] and (tmp_path / "j" / "k").is_dir()
