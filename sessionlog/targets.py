@@ -142,7 +142,7 @@ def _file(text: str, path: str, session: str | None) -> StoreTarget:
         # No header naming a session and no usable name: let the scan say why (not a log).
         sid = "unnamed"
     if session is not None and session != sid:
-        raise InvalidStoreUrl(f"{text} holds session {sid!r}, not {session!r}")
+        raise TargetNotFound(f"{text} holds session {sid!r}, not {session!r}")
     note = None
     file_name = None
     if stem != sid:

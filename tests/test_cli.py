@@ -192,7 +192,7 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert run("frobnicate")[0] == 2
     assert run("scan")[0] == 2  # no TARGET
     assert run("scan", "jsonl:")[0] == 2  # a malformed URL
-    assert run("scan", str(tmp_path / "a.jsonl"), "--session", "b")[0] == 2
+    assert run("scan", str(tmp_path / "a.jsonl"), "--session", "b")[0] == 4  # names nothing, not usage
     assert run("show", str(tmp_path))[0] == 2  # two sessions
     assert run("show", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))[0] == 2
     assert run("repair", "-")[0] == 2  # standard input is for scan and show
@@ -249,7 +249,7 @@ def test_a_renamed_log_is_the_session_its_header_names(tmp_path, capsys):
     assert row["damage"]["kind"] == "torn" and row["path"] == target
     assert "inspected as session 'torn'" in capsys.readouterr().err
     assert run("scan", target, "--session", "torn", "--json")[0] == 1
-    assert run("scan", target, "--session", "backup-of-yesterday")[0] == 2
+    assert run("scan", target, "--session", "backup-of-yesterday")[0] == 4  # the file holds no such session
     assert os.listdir(copy) == ["backup-of-yesterday.log"]  # scan wrote nothing
     code, out = run("repair", target, "--json")
     [rep] = json_lines(out)
@@ -535,3 +535,16 @@ def test_convert_and_salvage_create_a_dst_whose_parents_are_missing(tmp_path):
     assert not (tmp_path / "h").exists()
     store = sessionlog.open_store(f"jsonl:{tmp_path / 'j' / 'k'}")
     assert store.sessions() == [] and (tmp_path / "j" / "k").is_dir()
+
+
+@pytest.mark.parametrize("command", ["scan", "repair", "show"])
+def test_a_session_file_with_another_session_named_exits_4(tmp_path, command):
+    """A --session the TARGET does not hold names nothing: exit 4 (not a usage error),
+    whether the TARGET is a store or one session's file; no byte changes."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s1")
+    path = tmp_path / "s1.jsonl"
+    before = path.read_bytes()
+    assert run(command, str(path), "--session", "other")[0] == 4
+    assert run(command, f"jsonl:{tmp_path}", "--session", "other")[0] == 4
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s1.jsonl"]
