@@ -38,7 +38,7 @@ from .contract import (
     read_prefix,
 )
 from .events import LOG_TRUNCATED
-from .targets import STDIN, StoreTarget, TargetNotFound, resolve, stdin_log
+from .targets import STDIN, StoreTarget, TargetNotFound, close_opened, resolve, stdin_log
 from .terminal import console
 
 EXIT_OK, EXIT_REPAIRABLE, EXIT_USAGE = exits.OK, exits.REPAIRABLE, exits.USAGE
@@ -960,6 +960,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """The command, then the stores its targets opened closed (see targets.close_opened)."""
+    try:
+        return int(args.func(args, out))
+    finally:
+        close_opened()
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -980,7 +988,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        return args.func(args, out)
+        return _run(args, out)
     except (UsageError, InvalidStoreUrl) as exc:
         note(f"sessionlog: {exc}")
         return EXIT_USAGE

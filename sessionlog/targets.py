@@ -20,6 +20,7 @@ spelling (a path, a ``jsonl:``/``zstd:``/``sqlite:`` URL, a session the store la
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import stat
@@ -302,6 +303,26 @@ def local_path(url: str) -> str | None:
     return None
 
 
+_OPENED: list[EventStore] = []
+"""The stores :func:`open_source` and :func:`open_existing` opened and the command has not
+closed: :func:`close_opened` closes them when the command ends."""
+
+
+def close_opened() -> None:
+    """Close what the command's targets opened (a SQLite store's connections: the last one
+    to close removes the ``-wal`` and ``-shm`` files a read made, so a scan leaves the
+    directory as it found it). Best effort; closing twice is harmless."""
+    gc.collect()  # reads the command left unfinished (a cycle holds them) give their connections back
+    while _OPENED:
+        with contextlib.suppress(Exception):
+            _OPENED.pop().close()
+
+
+def _opened(store: EventStore) -> EventStore:
+    _OPENED.append(store)
+    return store
+
+
 def open_source(url: str) -> EventStore:
     """Open a store to read without writing to it: a file store's directory (or a SQLite
     file) must exist; a file store's directory is not created or swept; a SQL store is
@@ -319,8 +340,8 @@ def open_source(url: str) -> EventStore:
         if path and not os.path.isfile(path):
             raise TargetNotFound(f"{url}: no such SQLite store")
     if scheme in ("sqlite", "postgresql"):
-        return open_store(url, read_only=True)
-    return open_store(url)
+        return _opened(open_store(url, read_only=True))
+    return _opened(open_store(url))
 
 
 def open_existing(url: str) -> EventStore:
@@ -330,4 +351,4 @@ def open_existing(url: str) -> EventStore:
     scheme = scheme_of(url)
     if scheme in ("jsonl", "zstd"):
         return open_store(url, create_dir=False)
-    return open_store(url)
+    return _opened(open_store(url))

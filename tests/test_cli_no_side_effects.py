@@ -220,3 +220,20 @@ def test_a_refused_repair_creates_no_lock_file(work: Path) -> None:
     assert run("repair", f"{work}/src/mid-log.jsonl") == 3
     assert run("repair", f"jsonl:{work}/src", "--session", "mid-log") == 3
     assert changes(before, tree(work)) == []
+
+
+@pytest.mark.parametrize("backend", sorted(STORES))
+def test_reading_commands_leave_every_byte_and_file_as_they_were(work: Path, backend: str) -> None:
+    """scan, show and the dry runs write nothing: not a byte of the store, and no file
+    beside it (a SQLite reader's -wal and -shm files are gone again when it ends)."""
+    url = STORES[backend].format(w=work)
+    source = sessionlog.open_store(f"jsonl:{work}/src")
+    with sessionlog.open_store(url) as store:
+        store.import_session("healthy", source.read("healthy"))
+        store.import_session("torn", source.read("torn"))
+    before = tree(work)
+    assert run("scan", url) in (0, 1)
+    assert run("show", url, "--session", "healthy") == 0
+    assert run("show", url, "--session", "healthy", "--format", "openai", "--check") == 0
+    assert run("repair", url, "--dry-run") == 0
+    assert changes(before, tree(work)) == []
