@@ -187,17 +187,24 @@ def test_durable_batches_keep_order_and_fit():
     assert durable_batches([], 1000) == []
 
 
-@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
-def test_one_nul_at_the_start_of_an_old_record_is_mid_log(tmp_path, backend):
-    """A byte of old history flipped to NUL where a record (a frame) starts, with
-    acknowledged appends after it: not what a power loss leaves, never cut without force."""
+def _appended(tmp_path, backend, n, pad=""):
+    """A store with session "s" of ``n`` one-record appends; the log's path and where each
+    append starts."""
     store = sessionlog.open_store(f"{backend}:{tmp_path}")
     store.create("s")
     [path] = list(tmp_path.glob("s.*"))
     starts = []
-    for i in range(50):
+    for i in range(n):
         starts.append(path.stat().st_size)
-        store.append("s", [{"type": "note", "i": i}])
+        store.append("s", [{"type": "note", "i": i, "pad": pad}])
+    return store, path, starts
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
+def test_one_nul_at_the_start_of_an_old_record_is_mid_log(tmp_path, backend):
+    """A byte of old history flipped to NUL where a record (a frame) starts, with
+    acknowledged appends after it: not what a power loss leaves, never cut without force."""
+    store, path, starts = _appended(tmp_path, backend, 50)
     data = bytearray(path.read_bytes())
     data[starts[10]] = 0
     path.write_bytes(bytes(data))
@@ -212,13 +219,7 @@ def test_one_nul_at_the_start_of_an_old_record_is_mid_log(tmp_path, backend):
 def test_opening_a_damaged_session_names_the_damage_as_scan_does(tmp_path, backend, case):
     """A writer refused at open by damage near the tail hears what `sessionlog scan` says:
     the same kind and offset, and the repair it needs (force for mid-log)."""
-    store = sessionlog.open_store(f"{backend}:{tmp_path}")
-    store.create("s")
-    [path] = list(tmp_path.glob("s.*"))
-    starts = []
-    for i in range(20):
-        starts.append(path.stat().st_size)
-        store.append("s", [{"type": "note", "i": i, "pad": "x" * 100}])
+    store, path, starts = _appended(tmp_path, backend, 20, pad="x" * 100)
     data = bytearray(path.read_bytes())
     if case.startswith("flipped"):
         data[starts[17] + 5] ^= 0x55
