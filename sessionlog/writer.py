@@ -248,10 +248,15 @@ class WriteBehind:
         lines = encode_batch(batch, 1, self._limits)
         copies: list[Mapping[str, Any]] = []
         for event, line in zip(batch, lines, strict=True):
-            copy = _decoder.decode(line)  # the record at seq 1: the event's members after seq and ts
+            # The record at seq 1, each member kept as its JSON text: written again, a
+            # member is the same bytes (a msgspec.Raw as given, never parsed and re-spelled).
+            copy: dict[str, Any] = _raw_members.decode(line)
             del copy["seq"]
+            copy["type"] = event["type"]
             if event.get("ts") is None:
                 del copy["ts"]  # the store stamps it when written
+            else:
+                copy["ts"] = event["ts"]
             copies.append(copy)
         return copies, batch_size(lines) + SEQ_MARGIN * len(lines)
 
@@ -764,6 +769,7 @@ def _encoded_size(events: list[Mapping[str, Any]]) -> int:
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+_raw_members = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def _as_error(exc: BaseException) -> SessionLogError:

@@ -773,3 +773,24 @@ def test_submitted_events_lost_to_another_owner_are_raised_by_the_next_flush_and
     owner.close()
     assert [r["type"] for r in store.read("s1")] == ["session/start"]
     assert [r["type"] for r in store.read("s2")] == ["session/start", "d"]
+
+
+def test_submitted_raw_values_are_written_byte_for_byte(tmp_path):
+    """A msgspec.Raw member is written as given through submit() too (not parsed and
+    spelled again), and one the store takes is never refused by submit."""
+    import msgspec
+
+    raws = [b"[1, 2]", b"1e2", b"1.50", b'"\\u00e9"', b'{"b":1, "a":2}', b'{"a":1,"a":2}', b"1e400"]
+    direct = open_jsonl(str(tmp_path / "direct"))
+    direct.create("s1")
+    via = open_jsonl(str(tmp_path / "via"))
+    via.create("s1")
+    events = [{"type": "x", "v": msgspec.Raw(raw), "ts": 1700000000.25} for raw in raws]
+    direct.append("s1", events)
+
+    async def main():
+        async with WriteBehind(via) as w:
+            w.submit("s1", events)
+
+    asyncio.run(main())
+    assert [r.raw for r in via.read("s1")][1:] == [r.raw for r in direct.read("s1")][1:]
