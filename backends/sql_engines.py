@@ -452,9 +452,7 @@ def _create_private(path: str) -> None:
     gives its -wal and -shm files the database file's permissions. Missing parent
     directories are created first (0700, durably)."""
     try:
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            ensure_store_dir(OS, parent)
+        ensure_store_dir(OS, os.path.dirname(os.path.abspath(path)))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except FileExistsError:
         return

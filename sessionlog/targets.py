@@ -20,7 +20,6 @@ spelling (a path, a ``jsonl:``/``zstd:``/``sqlite:`` URL, a session the store la
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import shutil
 import stat
@@ -312,7 +311,6 @@ def close_opened() -> None:
     """Close what the command's targets opened (a SQLite store's connections: the last one
     to close removes the ``-wal`` and ``-shm`` files a read made, so a scan leaves the
     directory as it found it). Best effort; closing twice is harmless."""
-    gc.collect()  # reads the command left unfinished (a cycle holds them) give their connections back
     while _OPENED:
         with contextlib.suppress(Exception):
             _OPENED.pop().close()

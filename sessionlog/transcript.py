@@ -235,9 +235,7 @@ class PendingCalls:
                         if call.turn is not None:
                             raw = members.get("turn")
                             if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
-                                turn = decode(raw)
-                                if not (turn is None or turn == call.turn or key_of(turn) == key_of(call.turn)
-                                        or key_of(turn) in turns):  # see _match
+                                if not self._answers(call, decode(raw)):
                                     continue
                     else:
                         call = self._match(_scanned(type_, seq, members))
@@ -336,9 +334,7 @@ class PendingCalls:
                 if call.turn is not None:
                     raw = members.get("turn")
                     if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
-                        turn = _decode(raw)  # not the turn as its message wrote it: compare values
-                        if not (turn is None or turn == call.turn or _key(turn) == _key(call.turn)
-                                or _key(turn) in self._turns):  # see _match
+                        if not self._answers(call, _decode(raw)):  # not the turn as its message wrote it
                             return None
             else:
                 call = self._match(_scanned(type_, seq, members))
@@ -496,6 +492,12 @@ class PendingCalls:
             if call is not None:
                 call.approval, call.approval_seq = state, self.last_seq
 
+    def _answers(self, call: PendingCall, turn: Any) -> bool:
+        """A record naming ``turn`` answers ``call``, the one call owed a result under its
+        id: it names no turn, the call's turn, or a turn open now (see :meth:`_match`)."""
+        return (turn is None or turn == call.turn or _key(turn) == _key(call.turn)
+                or _key(turn) in self._turns)
+
     def _match(self, record: Mapping[str, Any], call_id: Any = _UNSET) -> PendingCall | None:
         """The call owed a result that ``record`` (a tool/call, tool/result or approval)
         names by its ``call_id``, or None. When one call is owed a result under the id, the
@@ -517,10 +519,7 @@ class PendingCalls:
                 raw = record.raw_member("turn")  # type: ignore[attr-defined]
                 if raw is None or raw == call.turn_raw:  # the same turn, as written: no decoding
                     return call
-            turn = record.get("turn")
-            if turn is None or turn == call.turn or _key(turn) == _key(call.turn) or _key(turn) in self._turns:
-                return call
-            return None
+            return call if self._answers(call, record.get("turn")) else None
         turn = record.get("turn")
         if turn is not None:
             key = _key(turn)

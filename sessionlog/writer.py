@@ -70,6 +70,7 @@ import types
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import msgspec
@@ -527,7 +528,7 @@ class WriteBehind:
         elif isinstance(failure, (SessionLocked, SessionNotFound, CorruptLog, StoreClosed)):
             # Owning the session failed (or the store is gone): nothing was written, and
             # retrying will not help these producers; a later event tries again.
-            if any(not p.awaited for p in batch) or any(not p.awaited for p in lane.queue):
+            if not all(p.awaited for p in chain(batch, lane.queue)):
                 lane.lost = failure  # a producer that moved on: the next flush raises it
             _fail(batch, failure)
             _fail(lane.queue, failure)
