@@ -45,9 +45,11 @@ from sessionlog.durable import (
     durable_truncate,
     ensure_name_durable,
     ensure_store_dir,
+    file_state,
     forget_name,
     fsync_dir,
     lock_is_held,
+    name_still_durable,
     parse_quarantine_name,
     publish_new,
     quarantine_name,
@@ -161,12 +163,6 @@ def _reread(damage: Damage, changed: bool, seen: tuple[DamageKind, int] | None) 
     return changed and damage.kind.status is not None and (damage.kind, damage.offset) != seen
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    """What must not change for a remembered tail to still be the file's tail (ctime
-    too: no one can set it, so a restored file with an old mtime does not pass)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def _io_error(exc: OSError, path: str, what: str) -> SessionLogError:
     if isinstance(exc, FileNotFoundError):
         return SessionNotFound(f"{path}: no such session")
@@ -215,11 +211,11 @@ class FileSession:
                 # Before the first append through this process is acknowledged, the
                 # file's name must survive power loss too (its create may have died
                 # before the directory fsync).
-                ensure_name_durable(fs, self.store.directory, self._file)
+                ensure_name_durable(fs, self.store.directory, self.path, st)
             except OSError as exc:
                 raise _io_error(exc, self.store.directory, "making the session's name durable") from exc
             cached = self.store._tails.get(self.session_id)
-            if cached is not None and cached[0] == _identity(st):
+            if cached is not None and cached[0] == file_state(st):
                 # This store wrote or validated exactly this file state under the lock.
                 self._last_seq, self._last_ts = cached[1], cached[2]
             else:
@@ -259,7 +255,7 @@ class FileSession:
                           path=self.path, offset=damage.offset, kind=str(damage.kind))
 
     def _remember(self, st: os.stat_result) -> None:
-        self.store._tails[self.session_id] = (_identity(st), self._last_seq, self._last_ts)
+        self.store._tails[self.session_id] = (file_state(st), self._last_seq, self._last_ts)
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
@@ -350,9 +346,12 @@ class FileSession:
                 # The next open of the session in this process reuses this tail (no other
                 # handle could append while this one held the lock).
                 try:
-                    self._remember(self._fs.fstat(self._fd))
+                    st = self._fs.fstat(self._fd)
                 except OSError:
-                    pass  # no cache: the next open validates the tail
+                    pass  # no cache: the next open validates the tail and the name
+                else:
+                    self._remember(st)
+                    name_still_durable(self.path, st)
             self._close_fd()
             self._lock.release()
 
@@ -826,7 +825,7 @@ class FileStore:
         try:
             st = fs.fstat(fd)
             check_not_poisoned((st.st_dev, st.st_ino), path)
-            ensure_name_durable(fs, self.directory, (st.st_dev, st.st_ino))
+            ensure_name_durable(fs, self.directory, path, st)
             self._tails.pop(session_id, None)
             end = scan.stable_offset
             if damage is not None:
@@ -867,7 +866,7 @@ class FileStore:
                 st = self.fs.stat(path)
                 self.fs.unlink(path)
                 _POISONED.pop((st.st_dev, st.st_ino), None)  # the inode may be reused by a new session
-                forget_name((st.st_dev, st.st_ino))
+                forget_name(path)
             except FileNotFoundError:
                 raise SessionNotFound(f"{path}: no such session") from None
             for name in self.quarantines(session_id):

@@ -162,13 +162,22 @@ def fsync_dir(fs: FileSystem, directory: str) -> None:
         fs.close(fd)
 
 
-# Files whose name this process has made durable (published, or fsynced its directory
-# after opening it): (st_dev, st_ino). Reset in a forked child, which is a new process.
-_DURABLE_NAMES: set[tuple[int, int]] = set()
+def file_state(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What must not change for a file to be the one this process last saw at a path:
+    its inode, size, mtime and ctime (no one can set ctime, so neither a copy with an old
+    mtime nor a new file on a reused inode number passes)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+# The files whose name this process has made durable, by path: the file_state each had
+# when this process last knew its name durable. Keyed by path and state, not by inode
+# number alone: a file deleted outside the engine frees its inode number for a new file
+# whose name may not be durable yet. Reset in a forked child, which is a new process.
+_DURABLE_NAMES: dict[str, tuple[int, int, int, int, int]] = {}
 _DURABLE_NAMES_PID = os.getpid()
 
 
-def _durable_names() -> set[tuple[int, int]]:
+def _durable_names() -> dict[str, tuple[int, int, int, int, int]]:
     global _DURABLE_NAMES_PID
     if os.getpid() != _DURABLE_NAMES_PID:
         _DURABLE_NAMES.clear()
@@ -176,22 +185,30 @@ def _durable_names() -> set[tuple[int, int]]:
     return _DURABLE_NAMES
 
 
-def ensure_name_durable(fs: FileSystem, directory: str, file: tuple[int, int]) -> None:
-    """Make the name of the open file ``file`` (its ``(st_dev, st_ino)``) in ``directory``
-    durable, once per process: a ``create`` that died after ``link()`` and before its
-    directory fsync left a name that power loss may still take away, and an append
-    acknowledged into that file would go with it."""
+def ensure_name_durable(fs: FileSystem, directory: str, path: str, st: os.stat_result) -> None:
+    """Make the name ``path`` of the open file whose ``fstat`` is ``st`` durable in
+    ``directory``, once per process and file: a ``create`` that died after ``link()`` and
+    before its directory fsync left a name that power loss may still take away, and an
+    append acknowledged into that file would go with it."""
     names = _durable_names()
-    if file in names:
+    state = file_state(st)
+    if names.get(path) == state:
         return
     fsync_dir(fs, directory)  # after this the file's name survives power loss
-    names.add(file)
+    names[path] = state
 
 
-def forget_name(file: tuple[int, int]) -> None:
-    """``file`` was unlinked: its inode number may come back as another file whose name
-    is not durable yet."""
-    _durable_names().discard(file)
+def name_still_durable(path: str, st: os.stat_result) -> None:
+    """The file at ``path`` whose name this process made durable is now ``st``: it changed
+    only by this process's own writes while it held the session's lock."""
+    names = _durable_names()
+    if path in names:
+        names[path] = file_state(st)
+
+
+def forget_name(path: str) -> None:
+    """The file at ``path`` was unlinked: a new file there starts with an undurable name."""
+    _durable_names().pop(path, None)
 
 
 def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
@@ -258,13 +275,17 @@ def publish_new(fs: FileSystem, directory: str, final_name: str, chunks: Iterabl
         if st.st_ino != tmp_ino:  # pragma: no cover - a racing replacement
             raise OSError(errno.EEXIST, "published name is not the temp file", final)
         fsync_dir(fs, directory)  # the final name survives power loss
-        _durable_names().add((st.st_dev, st.st_ino))
     finally:
         try:
             fs.unlink(tmp)
         except FileNotFoundError:
             pass
     # The temp's removal need not be durable: a leftover temp is swept when its pid is dead.
+    try:
+        st = fs.stat(final)  # after the unlink, which changed its link count and ctime
+    except OSError:
+        return  # the first open makes the name durable again
+    _durable_names()[final] = file_state(st)
 
 
 def publish_replace(

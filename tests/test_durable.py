@@ -520,6 +520,39 @@ def test_a_session_name_left_undurable_is_made_durable_before_the_first_ack(tmp_
     assert "dir" not in fs.log and fs.log.count("data") == 2
 
 
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_an_undurable_name_on_an_inode_this_process_knows_is_made_durable(tmp_path, scheme):
+    # The file's inode is one whose name this process made durable elsewhere: a second
+    # name linked to it (as a file deleted outside the engine frees its inode number for
+    # the next create) is still not durable until its own directory is fsynced.
+    fs = Journal()
+    first = sessionlog.open_store(f"{scheme}:{tmp_path / 'a'}", fs=fs)
+    first.create("s1")
+    first.append("s1", [{"type": "x"}])
+    name = first.file_name("s1")
+    os.mkdir(tmp_path / "b", 0o700)
+    os.link(tmp_path / "a" / name, tmp_path / "b" / name)
+    second = sessionlog.open_store(f"{scheme}:{tmp_path / 'b'}", fs=fs)
+    fs.log.clear()
+    second.append("s1", [{"type": "y"}])
+    assert "dir" in fs.log and fs.log.index("dir") < fs.log.index("data")
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_a_session_file_replaced_outside_the_engine_has_its_name_made_durable(tmp_path, scheme):
+    fs = Journal()
+    store = sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}", fs=fs)
+    store.create("s1")
+    store.append("s1", [{"type": "x"}])
+    path = tmp_path / "st" / store.file_name("s1")
+    kept = path.read_bytes()
+    os.unlink(path)  # deleted outside the engine, then written back by a create that died before its fsync
+    path.write_bytes(kept)
+    fs.log.clear()
+    store.append("s1", [{"type": "y"}])
+    assert "dir" in fs.log and fs.log.index("dir") < fs.log.index("data")
+
+
 def test_a_repair_makes_an_undurable_name_durable_before_it_writes(tmp_path):
     os.mkdir(tmp_path / "st", 0o700)
     shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), tmp_path / "st" / "torn.jsonl")
