@@ -632,7 +632,7 @@ class FrameScan:
         if end is None and tail.first_frame is not None:
             unit = unit[: tail.first_frame - offset]
         failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
-        nul = what != "seq" and power_loss_nuls(unit, offset)
+        nul = what != "seq" and power_loss_nuls(unit, offset, eof=offset + len(unit) >= tail.end)
         self.damage = tail_damage(offset, nul, failure, reason, tail, self.limits, owned=self.owned)
 
 

@@ -164,15 +164,20 @@ NULs over whole aligned sectors (a 4 KiB page is eight)."""
 _ZERO_SECTOR = bytes(SECTOR)
 
 
-def power_loss_nuls(unit: bytes, offset: int) -> bool:
+def power_loss_nuls(unit: bytes, offset: int, *, eof: bool) -> bool:
     """True when ``unit``, the damaged record or frame that starts the tail at file
-    offset ``offset``, holds the NULs a power loss inside one append leaves: NULs right
-    where the tail starts (the append's first page never written back), or a NUL run
-    covering a whole aligned sector (a later page of it never written back, whatever
-    landed around it). A flipped byte, even to NUL, is neither: a sector is written whole
-    or not at all, so NULs where the tail starts run at least to the end of its sector (or
-    of the unit, when that is shorter)."""
-    head = min(len(unit), SECTOR - offset % SECTOR)
+    offset ``offset`` (``eof``: it runs to the end of the file), holds the NULs a power
+    loss inside one append leaves: NULs right where the tail starts (the append's first
+    page never written back), or a NUL run covering a whole aligned sector (a later page
+    of it never written back, whatever landed around it). A flipped byte, even to NUL, or
+    a record zeroed in place is neither: a sector is written whole or not at all, so NULs
+    where the tail starts run at least to the end of their sector, or to the end of the
+    file when that comes first; a unit that ends sooner (at a newline, or where the next
+    frame starts) has other bytes in that sector."""
+    head = SECTOR - offset % SECTOR
+    if len(unit) < head and not eof:
+        head = 0  # the sector holds more than this unit's NULs
+    head = min(len(unit), head)
     if head and unit[:head] == bytes(head):
         return True
     i = unit.find(_ZERO_SECTOR)

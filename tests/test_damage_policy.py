@@ -48,7 +48,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import sessionlog  # noqa: E402
-from sessionlog.contract import power_loss_nuls  # noqa: E402
+from sessionlog.contract import SECTOR, power_loss_nuls  # noqa: E402
 
 PAGE = 4096
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
@@ -162,7 +162,7 @@ def test_a_nul_page_inside_a_line_followed_by_records_within_reach_is_zero_fill(
     ("unit", "offset", "crash"),
     [
         (bytes(412) + b"abc", 100, True),  # NULs where the tail starts, to the end of its sector
-        (bytes(3), 100, True),  # a unit of NULs shorter than the rest of its sector
+        (bytes(3), 100, True),  # NULs to the end of the file, before the end of their sector
         (b"\0abc", 100, False),  # one byte flipped to NUL where the tail starts: no sector is half written
         (bytes(411) + b"abc", 100, False),
         (b"ab" + bytes(512) + b"cd", 510, True),  # covers the sector 512..1024
@@ -173,7 +173,20 @@ def test_a_nul_page_inside_a_line_followed_by_records_within_reach_is_zero_fill(
     ],
 )
 def test_power_loss_nuls(unit, offset, crash):
-    assert power_loss_nuls(unit, offset) is crash
+    assert power_loss_nuls(unit, offset, eof=True) is crash
+
+
+@pytest.mark.parametrize(
+    ("unit", "offset", "crash"),
+    [
+        (bytes(3), 100, False),  # a record zeroed in place: its newline and more in the same sector
+        (bytes(411), 100, False),
+        (bytes(412), 100, True),  # to the end of its sector: the next bytes are another sector's
+        (b"ab" + bytes(512), 510, True),
+    ],
+)
+def test_power_loss_nuls_before_the_end_of_the_file(unit, offset, crash):
+    assert power_loss_nuls(unit, offset, eof=False) is crash
 
 
 def test_durable_batches_keep_order_and_fit():
@@ -210,6 +223,23 @@ def test_one_nul_at_the_start_of_an_old_record_is_mid_log(tmp_path, backend):
     path.write_bytes(bytes(data))
     damage = store.scan("s").damage
     assert damage is not None and damage.kind is DamageKind.MID_LOG and damage.offset == starts[10]
+    assert store.repair("s").status == "refused"
+    assert path.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
+def test_an_old_record_zeroed_in_place_inside_one_sector_is_mid_log(tmp_path, backend):
+    """A short record (a frame) of old history zeroed in place, its newline kept, with the
+    next one in the same 512-byte sector: a power loss leaves NULs to the end of their
+    sector, never NULs that stop where other bytes follow; never cut without force."""
+    store, path, starts = _appended(tmp_path, backend, 50)
+    k = next(k for k in range(10, 49) if starts[k] // SECTOR == (starts[k + 1] - 1) // SECTOR)
+    end = starts[k + 1] - (1 if backend == "jsonl" else 0)
+    data = bytearray(path.read_bytes())
+    data[starts[k]:end] = bytes(end - starts[k])
+    path.write_bytes(bytes(data))
+    damage = store.scan("s").damage
+    assert (damage.kind, damage.offset, damage.records_after) == (DamageKind.MID_LOG, starts[k], 49 - k)
     assert store.repair("s").status == "refused"
     assert path.read_bytes() == bytes(data)
 
