@@ -97,7 +97,8 @@ class PendingCalls:
     ``open_turn``, ``open_step`` and ``step_turn`` seed an open turn and step (a live
     step scope that did not see them committed)."""
 
-    __slots__ = ("last_seq", "last_ts", "_turns", "_steps", "_calls", "_by_id", "_last_turn_raw", "_last_turn")
+    __slots__ = ("last_seq", "last_ts", "_turns", "_steps", "_calls", "_by_id", "_answered_in", "_last_turn_raw",
+                 "_last_turn")
 
     def __init__(self, open_turn: str | None = None, open_step: int | None = None,
                  step_turn: str | None = None) -> None:
@@ -107,6 +108,9 @@ class PendingCalls:
         self._steps: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # key -> (turn, step), in opening order
         self._calls: dict[PendingCall, None] = {}  # unanswered, in log order (by identity)
         self._by_id: dict[str, list[PendingCall]] = {}  # call id -> its unanswered calls, in log order
+        # open turn (key) -> the ids of its own calls answered: a later record of that turn
+        # under such an id repeats its answer, it answers no earlier turn's call.
+        self._answered_in: dict[Any, set[str]] = {}
         self._last_turn_raw: Any = None  # the latest turn member text decoded to a string ...
         self._last_turn: Any = None  # ... and that string
         if open_turn is not None:
@@ -299,6 +303,8 @@ class PendingCalls:
                         turn = self._turn_text(raw)
                         key = turn if type(turn) is str else key_of(turn)
                     turns.pop(key, None)
+                    if self._answered_in:
+                        self._answered_in.pop(key, None)
                     if steps:  # a turn's end ends every step of it
                         for step_key in [k for k in steps if k[0] == key]:
                             del steps[step_key]
@@ -430,6 +436,13 @@ class PendingCalls:
             del self._by_id[call.call_id]
         else:
             same.remove(call)
+        turn = call.turn if type(call.turn) is str else _key(call.turn)
+        if turn in self._turns:
+            answered = self._answered_in.get(turn)
+            if answered is None:
+                self._answered_in[turn] = {call.call_id}
+            else:
+                answered.add(call.call_id)
         return call
 
     def _assistant_message(self, record: Mapping[str, Any]) -> None:
@@ -480,6 +493,8 @@ class PendingCalls:
 
     def _end_turn(self, key: Any) -> None:
         self._turns.pop(key, None)
+        if self._answered_in:
+            self._answered_in.pop(key, None)
         # A turn's end ends every step of it.
         if self._steps:
             for step_key in [k for k in self._steps if k[0] == key]:
@@ -494,9 +509,13 @@ class PendingCalls:
 
     def _answers(self, call: PendingCall, turn: Any) -> bool:
         """A record naming ``turn`` answers ``call``, the one call owed a result under its
-        id: it names no turn, the call's turn, or a turn open now (see :meth:`_match`)."""
-        return (turn is None or turn == call.turn or _key(turn) == _key(call.turn)
-                or _key(turn) in self._turns)
+        id: it names no turn, the call's turn, or a turn open now that did not ask for a
+        call under this id itself (see :meth:`_match`): a turn whose own call was answered
+        already repeats that answer."""
+        if turn is None or turn == call.turn:
+            return True
+        key = _key(turn)
+        return key == _key(call.turn) or (key in self._turns and call.call_id not in self._answered_in.get(key, ()))
 
     def _match(self, record: Mapping[str, Any], call_id: Any = _UNSET) -> PendingCall | None:
         """The call owed a result that ``record`` (a tool/call, tool/result or approval)

@@ -467,6 +467,28 @@ def test_a_result_written_in_a_later_open_turn_answers_the_call_of_an_earlier_on
     assert pairing.orphan_seqs == [] and pairing.duplicate_seqs == []
 
 
+def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call_under_its_id() -> None:
+    """The open turn asked for its own call under an id an earlier turn's unanswered call
+    has (an id reused); its result written twice (re-appended after an append of unknown
+    outcome): the second copy repeats that turn's answer, it is not the earlier call's."""
+    records = numbered([
+        {"type": "turn/start", "turn": "t1"},
+        assistant("t1", 1, [("c1", "deploy")]),
+        {"type": "tool/approval", "turn": "t1", "step": 1, "call_id": "c1", "state": "requested"},
+        {"type": "step/end", "turn": "t1", "step": 1, "status": "interrupted"},
+        {"type": "turn/end", "turn": "t1", "status": "interrupted"},
+        {"type": "turn/start", "turn": "t2"},
+        assistant("t2", 1, [("c1", "deploy")]),
+        call("t2", 1, "c1", "deploy"),
+        result("t2", 1, "c1", "deployed by t2"),
+        result("t2", 1, "c1", "deployed by t2"),
+    ])
+    assert [c.turn for c in PendingCalls().feed_all(records).unanswered()] == ["t1"]
+    pairing = pair_calls(records)
+    assert [c.result_seq for ex in pairing.exchanges for c in ex.calls] == [None, 10]  # t1's: view-time
+    assert pairing.duplicate_seqs == [11]
+
+
 def test_ambiguous_synthetic_results_name_their_assistant_message() -> None:
     # the same id asked twice in one step and never answered: each synthetic result says
     # which message it answers, so the pairing cannot swap them

@@ -3,7 +3,9 @@ members' JSON text) against a straightforward reference: the tracker as it was b
 fast path, kept here verbatim but for two fixes (an unhashable ``tool/approval`` state
 raised TypeError; it is now a state the tracker does not follow. A result naming a turn
 open now answers the one call owed a result under its id, asked in an earlier turn: a run
-resumed in a new turn; it was left an orphan, and repair answered the call again).
+resumed in a new turn; it was left an orphan, and repair answered the call again. Unless
+that turn had its own call under the id answered since it opened: then it repeats that
+answer).
 
 Random record sequences over the core vocabulary (turns and steps nested, re-opened and
 left open, tool calls, results and approvals with odd, missing, non-string and duplicate
@@ -83,6 +85,8 @@ class ReferenceCalls:
         self._steps: dict[tuple[Any, Any], tuple[Any, Any]] = {}
         self._calls: dict[PendingCall, None] = {}
         self._by_id: dict[str, list[PendingCall]] = {}
+        self._opened: dict[Any, int] = {}  # open turn key -> the seq that opened it
+        self._answered: list[tuple[PendingCall, int]] = []  # every call answered, and the result's seq
 
     @property
     def open_turn(self) -> Any:
@@ -143,6 +147,7 @@ class ReferenceCalls:
                     call.call_seq = seq
                 return None
             call.answered = True
+            self._answered.append((call, seq))
             del self._calls[call]
             same = self._by_id[call.call_id]
             if len(same) == 1:
@@ -175,11 +180,14 @@ class ReferenceCalls:
             self._steps.pop((_key(self._turn_of(record)), _key(record.get("step"))), None)
         elif type_ == TURN_START:
             turn = record.get("turn")
+            if _key(turn) not in self._turns:
+                self._opened[_key(turn)] = seq
             self._turns.pop(_key(turn), None)
             self._turns[_key(turn)] = turn
         elif type_ == TURN_END:
             key = _key(self._turn_of(record))
             self._turns.pop(key, None)
+            self._opened.pop(key, None)
             for step_key in [k for k in self._steps if k[0] == key]:
                 del self._steps[step_key]
         elif type_ == TOOL_APPROVAL:
@@ -213,7 +221,15 @@ class ReferenceCalls:
                 if raw is None or raw == call.turn_raw:
                     return call
             turn = record.get("turn")
-            if turn is None or turn == call.turn or _key(turn) == _key(call.turn) or _key(turn) in self._turns:
+            if turn is None or turn == call.turn or _key(turn) == _key(call.turn):
+                return call
+            # A turn open now answers an earlier turn's call, unless it had its own call
+            # under this id answered since it opened (this record repeats that answer).
+            key = _key(turn)
+            if key in self._turns and not any(
+                c.call_id == call.call_id and _key(c.turn) == key and at > self._opened[key]
+                for c, at in self._answered
+            ):
                 return call
             return None
         turn = record.get("turn")
