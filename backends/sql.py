@@ -1120,7 +1120,6 @@ class SqlStore:
             if os.getpid() == self._pid:
                 _quiet(self.kind.close)
                 self.engine.dispose()
-                _quiet(self.kind.disposed)
 
     def __enter__(self) -> SqlStore:
         return self

@@ -12,7 +12,6 @@ server-side prepare) and one multi-row insert, never one statement per event.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -206,9 +205,6 @@ class EngineKind:
         """Release what the engine kind holds beyond the pool (PostgreSQL: the lock
         connection, and with it every ownership lock of the store)."""
 
-    def disposed(self) -> None:
-        """The store's pooled connections are closed (SQLite: tidy what a reader made)."""
-
 
 # --- SQLite ------------------------------------------------------------------------------
 
@@ -268,10 +264,6 @@ class SqliteKind(EngineKind):
         self.lock_dir = os.path.join(os.path.dirname(self.path), f".{os.path.basename(self.path)}.locks")
         if not read_only:
             _create_private(self.path)
-        # A reader of a WAL database makes its -wal and -shm files, which a read-only
-        # connection cannot remove when it closes; when they were not there, nobody had
-        # the database open, and disposed() lets SQLite remove them again.
-        self._tidy = read_only and not any(os.path.lexists(self.path + s) for s in ("-wal", "-shm"))
         self._sync = "EXTRA" if level == 3 else "FULL"
         self._busy_ms = max(0, int(busy_timeout * 1000))
         options: dict[str, Any] = {"pool_size": 8, "max_overflow": -1}
@@ -300,21 +292,6 @@ class SqliteKind(EngineKind):
         self.sql_tails_tail = (
             f") SELECT sid, (SELECT seq FROM {records} WHERE session_id = ids.sid ORDER BY seq DESC LIMIT 1) FROM ids"
         )
-
-    def disposed(self) -> None:
-        """After a read-only store's last connection closed: open and close one ordinary
-        connection, whose close (when it is the database's last, under SQLite's own
-        exclusive lock) checkpoints the empty WAL and removes the -wal and -shm files the
-        reads made, so a scan leaves the directory as it found it. It never changes the
-        database's content; best effort (a read-only directory keeps the files)."""
-        if not self._tidy or not os.path.lexists(self.path + "-wal"):
-            return
-        with contextlib.suppress(sqlite3.Error, OSError):
-            conn = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=rw", uri=True, timeout=0)
-            try:
-                conn.execute("PRAGMA schema_version").fetchall()  # a read: the connection opens the WAL
-            finally:
-                conn.close()
 
     def _on_connect(self, dbapi: sqlite3.Connection, record: object) -> None:
         # The driver's implicit transactions are off: every transaction is an explicit

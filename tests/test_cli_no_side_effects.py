@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -225,7 +227,8 @@ def test_a_refused_repair_creates_no_lock_file(work: Path) -> None:
 @pytest.mark.parametrize("backend", sorted(STORES))
 def test_reading_commands_leave_every_byte_and_file_as_they_were(work: Path, backend: str) -> None:
     """scan, show and the dry runs write nothing: not a byte of the store, and no file
-    beside it (a SQLite reader's -wal and -shm files are gone again when it ends)."""
+    beside it but the -wal (empty) and -shm files SQLite makes for any reader of a WAL
+    database, which a read-only connection cannot remove."""
     url = STORES[backend].format(w=work)
     source = sessionlog.open_store(f"jsonl:{work}/src")
     with sessionlog.open_store(url) as store:
@@ -236,4 +239,29 @@ def test_reading_commands_leave_every_byte_and_file_as_they_were(work: Path, bac
     assert run("show", url, "--session", "healthy") == 0
     assert run("show", url, "--session", "healthy", "--format", "openai", "--check") == 0
     assert run("repair", url, "--dry-run") == 0
-    assert changes(before, tree(work)) == []
+    after = tree(work)
+    if backend == "sqlite":
+        assert after.pop("store.db-wal", b"") == b""
+        after.pop("store.db-shm", None)
+    assert changes(before, after) == []
+
+
+def test_a_reading_command_never_checkpoints_another_writers_frames_into_the_database(tmp_path: Path) -> None:
+    """Another process appends while a read-only command has the database open, and its
+    commit stays in the WAL: when the command ends, not a byte of the database file has
+    changed (nothing it opened checkpoints)."""
+    from sessionlog.targets import close_opened, open_source
+
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    with sessionlog.open_store(url) as store:
+        store.create("s")
+    before = db.read_bytes()
+    reader = open_source(url)
+    assert reader.scan("s").status.value == "clean"
+    writer = f"import sessionlog\nwith sessionlog.open_store({url!r}) as s: s.append('s', [{{'type': 'note'}}])"
+    subprocess.run([sys.executable, "-c", writer], check=True)
+    close_opened()
+    assert db.read_bytes() == before
+    with sessionlog.open_store(url) as store:
+        assert store.scan("s").last_seq == 2  # the append is in the WAL, durable
