@@ -230,12 +230,19 @@ def write_all(fs: FileSystem, fd: int, data: bytes) -> None:
 
 def ensure_store_dir(fs: FileSystem, directory: str) -> None:
     """Create ``directory`` (mode 0700) if needed, durably linked into its parent; missing
-    parents are created the same way first (as ``mkdir -p`` does)."""
+    parents are created the same way first (as ``mkdir -p`` does). An existing directory
+    is made durable in its parent too: its creator (another process creating the same
+    store now, or one that died) may not have fsynced the parent yet. A parent this
+    process may not read is left as it is: it was not made here."""
     try:
         fs.mkdir(directory, DIR_MODE)
     except FileExistsError:
         if not stat.S_ISDIR(fs.stat(directory).st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
+        try:
+            fsync_dir(fs, os.path.dirname(os.path.abspath(directory)))
+        except PermissionError:
+            pass
         return
     except FileNotFoundError:
         parent = os.path.dirname(os.path.abspath(directory))

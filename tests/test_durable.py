@@ -920,3 +920,37 @@ def test_a_file_cut_and_grown_back_while_read_is_never_joined_across_the_cut(tmp
         assert seqs == list(range(1, 36))
     assert reader.fs.meanwhile is None  # it did happen under the reader
     assert plain.scan("s1").status == "clean"
+
+
+class DirSyncs(FileSystem):
+    """Records the path of each directory fsynced."""
+
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+        self._paths: dict[int, str] = {}
+
+    def open(self, path, flags, mode=0o600):
+        fd = super().open(path, flags, mode)
+        self._paths[fd] = os.path.abspath(path)
+        return fd
+
+    def fsync(self, fd):
+        if os.path.isdir(self._paths.get(fd, "")):
+            self.synced.append(self._paths[fd])
+        super().fsync(fd)
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_a_store_directory_made_by_another_creator_is_made_durable_in_its_parent(tmp_path, scheme):
+    # Another process made the store's directory and has not fsynced its parent yet (it
+    # is paused, or it died): opening the store for writing does it before any ack.
+    from sessionlog.durable import ensure_store_dir
+
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    fs = DirSyncs()
+    sessionlog.open_store(f"{scheme}:{root / 'a'}", fs=fs)
+    assert str(root) in fs.synced
+    fs.synced.clear()
+    ensure_store_dir(fs, str(root / "a" / "b" / "c"))  # the missing ones are created, each made durable
+    assert fs.synced == [str(root / "a"), str(root / "a" / "b")]
