@@ -108,8 +108,9 @@ class PendingCalls:
         self._steps: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # key -> (turn, step), in opening order
         self._calls: dict[PendingCall, None] = {}  # unanswered, in log order (by identity)
         self._by_id: dict[str, list[PendingCall]] = {}  # call id -> its unanswered calls, in log order
-        # open turn (key) -> the ids of its own calls answered: a later record of that turn
-        # under such an id repeats its answer, it answers no earlier turn's call.
+        # open turn (key) -> ids under which its own call was answered while another turn's
+        # call was still owed a result: a later record of that turn under such an id
+        # repeats its answer, it does not answer the other turn's call.
         self._answered_in: dict[Any, set[str]] = {}
         self._last_turn_raw: Any = None  # the latest turn member text decoded to a string ...
         self._last_turn: Any = None  # ... and that string
@@ -238,9 +239,11 @@ class PendingCalls:
                         call = calls[0]
                         if call.turn is not None:
                             raw = members.get("turn")
-                            if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
-                                if not self._answers(call, decode(raw)):
+                            if raw is None:
+                                if self._answered_in and not self._answers(call, None):
                                     continue
+                            elif (call.turn_raw is None or raw != call.turn_raw) and not self._answers(call, decode(raw)):
+                                continue
                     else:
                         call = self._match(_scanned(type_, seq, members))
                         if call is None:
@@ -339,9 +342,11 @@ class PendingCalls:
                 call = calls[0]
                 if call.turn is not None:
                     raw = members.get("turn")
-                    if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
-                        if not self._answers(call, _decode(raw)):  # not the turn as its message wrote it
+                    if raw is None:
+                        if self._answered_in and not self._answers(call, None):
                             return None
+                    elif (call.turn_raw is None or raw != call.turn_raw) and not self._answers(call, _decode(raw)):
+                        return None  # not the turn as its message wrote it
             else:
                 call = self._match(_scanned(type_, seq, members))
                 if call is None:
@@ -436,13 +441,9 @@ class PendingCalls:
             del self._by_id[call.call_id]
         else:
             same.remove(call)
-        turn = call.turn if type(call.turn) is str else _key(call.turn)
-        if turn in self._turns:
-            answered = self._answered_in.get(turn)
-            if answered is None:
-                self._answered_in[turn] = {call.call_id}
-            else:
-                answered.add(call.call_id)
+            turn = _key(call.turn)
+            if turn in self._turns:
+                self._answered_in.setdefault(turn, set()).add(call.call_id)
         return call
 
     def _assistant_message(self, record: Mapping[str, Any]) -> None:
@@ -509,10 +510,16 @@ class PendingCalls:
 
     def _answers(self, call: PendingCall, turn: Any) -> bool:
         """A record naming ``turn`` answers ``call``, the one call owed a result under its
-        id: it names no turn, the call's turn, or a turn open now that did not ask for a
-        call under this id itself (see :meth:`_match`): a turn whose own call was answered
-        already repeats that answer."""
-        if turn is None or turn == call.turn:
+        id: it names the call's turn, or a turn open now (see :meth:`_match`) unless that
+        turn's own call under this id was answered while ``call`` was owed one too (the
+        record repeats that answer). A record naming no turn is of the latest turn open."""
+        if turn is None:
+            if not self._answered_in:
+                return True
+            turn = self.open_turn  # a record naming no turn is of the latest turn open
+            if turn is None:
+                return True
+        if turn == call.turn:
             return True
         key = _key(turn)
         return key == _key(call.turn) or (key in self._turns and call.call_id not in self._answered_in.get(key, ()))
@@ -536,7 +543,7 @@ class PendingCalls:
                 return call
             if call.turn_raw is not None and type(record) is Record:
                 raw = record.raw_member("turn")  # type: ignore[attr-defined]
-                if raw is None or raw == call.turn_raw:  # the same turn, as written: no decoding
+                if raw is not None and raw == call.turn_raw:  # the same turn, as written: no decoding
                     return call
             return call if self._answers(call, record.get("turn")) else None
         turn = record.get("turn")

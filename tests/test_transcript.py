@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -467,10 +467,18 @@ def test_a_result_written_in_a_later_open_turn_answers_the_call_of_an_earlier_on
     assert pairing.orphan_seqs == [] and pairing.duplicate_seqs == []
 
 
-def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call_under_its_id() -> None:
+@pytest.mark.parametrize("named", [True, False])
+def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call_under_its_id(named: bool) -> None:
     """The open turn asked for its own call under an id an earlier turn's unanswered call
     has (an id reused); its result written twice (re-appended after an append of unknown
-    outcome): the second copy repeats that turn's answer, it is not the earlier call's."""
+    outcome), naming its turn or no turn: the second copy repeats that turn's answer, it
+    is not the earlier call's."""
+    def answer() -> dict[str, Any]:
+        event = result("t2", 1, "c1", "deployed by t2")
+        if not named:
+            del event["turn"]
+        return event
+
     records = numbered([
         {"type": "turn/start", "turn": "t1"},
         assistant("t1", 1, [("c1", "deploy")]),
@@ -480,13 +488,38 @@ def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call
         {"type": "turn/start", "turn": "t2"},
         assistant("t2", 1, [("c1", "deploy")]),
         call("t2", 1, "c1", "deploy"),
-        result("t2", 1, "c1", "deployed by t2"),
-        result("t2", 1, "c1", "deployed by t2"),
+        answer(),
+        answer(),
     ])
     assert [c.turn for c in PendingCalls().feed_all(records).unanswered()] == ["t1"]
     pairing = pair_calls(records)
     assert [c.result_seq for ex in pairing.exchanges for c in ex.calls] == [None, 10]  # t1's: view-time
     assert pairing.duplicate_seqs == [11]
+
+
+def test_the_tracker_keeps_what_is_open_not_the_history_of_an_open_turn() -> None:
+    """A long open turn whose calls are all answered: what the tracker holds stays small
+    (it is what a scan of a large log keeps in memory)."""
+    import tracemalloc
+
+    def records(n: int) -> Iterator[dict[str, Any]]:
+        yield {"type": "turn/start", "turn": "t1", "seq": 2, "ts": 1.0}
+        for i in range(n):
+            seq = 3 + 3 * i
+            yield {**assistant("t1", i, [(f"call-{i}", "f")]), "seq": seq, "ts": 1.0}
+            yield {**result("t1", i, f"call-{i}", "ok"), "seq": seq + 1, "ts": 1.0}
+            yield {"type": "step/end", "turn": "t1", "step": i, "status": "completed", "seq": seq + 2, "ts": 1.0}
+
+    tracemalloc.start()
+    try:
+        tracker = PendingCalls()
+        base = tracemalloc.get_traced_memory()[0]
+        tracker.feed_all(records(20_000))
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert tracker.unanswered() == [] and tracker.open_turn == "t1"
+    assert held < 200_000  # 20,000 answered calls remembered would be megabytes
 
 
 def test_ambiguous_synthetic_results_name_their_assistant_message() -> None:
