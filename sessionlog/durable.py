@@ -232,8 +232,10 @@ def ensure_store_dir(fs: FileSystem, directory: str) -> None:
     """Create ``directory`` (mode 0700) if needed, durably linked into its parent; missing
     parents are created the same way first (as ``mkdir -p`` does). An existing directory
     is made durable in its parent too: its creator (another process creating the same
-    store now, or one that died) may not have fsynced the parent yet. A parent this
-    process may not read is left as it is: it was not made here."""
+    store now, or one that died) may not have fsynced the parent yet. That is best
+    effort: a parent this process may not read, or on a file system that cannot fsync a
+    directory (a read-only image with a writable store bound into it), is left as it is;
+    it was not made here."""
     try:
         fs.mkdir(directory, DIR_MODE)
     except FileExistsError:
@@ -241,7 +243,7 @@ def ensure_store_dir(fs: FileSystem, directory: str) -> None:
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", directory) from None
         try:
             fsync_dir(fs, os.path.dirname(os.path.abspath(directory)))
-        except PermissionError:
+        except OSError:
             pass
         return
     except FileNotFoundError:

@@ -954,3 +954,28 @@ def test_a_store_directory_made_by_another_creator_is_made_durable_in_its_parent
     fs.synced.clear()
     ensure_store_dir(fs, str(root / "a" / "b" / "c"))  # the missing ones are created, each made durable
     assert fs.synced == [str(root / "a"), str(root / "a" / "b")]
+
+
+class ParentCannotSync(FileSystem):
+    """A store directory bound into a read-only image: its parent cannot be fsynced."""
+
+    def __init__(self, parent: str) -> None:
+        self.parent = parent
+        self._paths: dict[int, str] = {}
+
+    def open(self, path, flags, mode=0o600):
+        fd = super().open(path, flags, mode)
+        self._paths[fd] = os.path.abspath(path)
+        return fd
+
+    def fsync(self, fd):
+        if self._paths.get(fd) == self.parent:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        super().fsync(fd)
+
+
+def test_an_existing_store_directory_whose_parent_cannot_be_fsynced_still_opens(tmp_path):
+    (tmp_path / "st").mkdir()
+    store = open_jsonl(str(tmp_path / "st"), fs=ParentCannotSync(str(tmp_path)))
+    store.create("s")
+    assert store.append("s", [{"type": "x"}]) == 2
