@@ -310,7 +310,8 @@ class LineScan:
                 path=self.where, offset=offset,
             )
         nl = pending.find(b"\n")
-        nul = power_loss_nuls(pending[:nl] if nl >= 0 else pending, offset, eof=nl < 0)  # no newline: cut by EOF or over the limit
+        # Without a newline the line runs to EOF, or past the record limit (longer than a sector).
+        nul = power_loss_nuls(pending[:nl] if nl >= 0 else pending, offset, eof=nl < 0)
         if reason is _OVER_LIMIT and not nul:
             raise CorruptLog(
                 f"{self.where}: record at offset {offset} exceeds the record limit of "
