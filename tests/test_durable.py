@@ -525,29 +525,32 @@ def test_an_undurable_name_on_an_inode_this_process_knows_is_made_durable(tmp_pa
     # The file's inode is one whose name this process made durable elsewhere: a second
     # name linked to it (as a file deleted outside the engine frees its inode number for
     # the next create) is still not durable until its own directory is fsynced.
-    fs = Journal()
-    first = sessionlog.open_store(f"{scheme}:{tmp_path / 'a'}", fs=fs)
-    first.create("s1")
-    first.append("s1", [{"type": "x"}])
-    name = first.file_name("s1")
+    fs, path = _appended_once(tmp_path / "a", scheme)
     os.mkdir(tmp_path / "b", 0o700)
-    os.link(tmp_path / "a" / name, tmp_path / "b" / name)
-    second = sessionlog.open_store(f"{scheme}:{tmp_path / 'b'}", fs=fs)
-    fs.log.clear()
-    second.append("s1", [{"type": "y"}])
-    assert "dir" in fs.log and fs.log.index("dir") < fs.log.index("data")
+    os.link(path, tmp_path / "b" / path.name)
+    _assert_name_made_durable_before_the_ack(sessionlog.open_store(f"{scheme}:{tmp_path / 'b'}", fs=fs), fs)
 
 
 @pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
 def test_a_session_file_replaced_outside_the_engine_has_its_name_made_durable(tmp_path, scheme):
-    fs = Journal()
-    store = sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}", fs=fs)
-    store.create("s1")
-    store.append("s1", [{"type": "x"}])
-    path = tmp_path / "st" / store.file_name("s1")
+    fs, path = _appended_once(tmp_path / "st", scheme)
     kept = path.read_bytes()
     os.unlink(path)  # deleted outside the engine, then written back by a create that died before its fsync
     path.write_bytes(kept)
+    _assert_name_made_durable_before_the_ack(sessionlog.open_store(f"{scheme}:{tmp_path / 'st'}", fs=fs), fs)
+
+
+def _appended_once(directory, scheme):
+    """A journaled store in ``directory`` with session "s1" appended to once: the
+    journal and the session's path."""
+    fs = Journal()
+    store = sessionlog.open_store(f"{scheme}:{directory}", fs=fs)
+    store.create("s1")
+    store.append("s1", [{"type": "x"}])
+    return fs, directory / store.file_name("s1")
+
+
+def _assert_name_made_durable_before_the_ack(store, fs):
     fs.log.clear()
     store.append("s1", [{"type": "y"}])
     assert "dir" in fs.log and fs.log.index("dir") < fs.log.index("data")
@@ -956,17 +959,12 @@ def test_a_store_directory_made_by_another_creator_is_made_durable_in_its_parent
     assert fs.synced == [str(root / "a"), str(root / "a" / "b")]
 
 
-class ParentCannotSync(FileSystem):
+class ParentCannotSync(DirSyncs):
     """A store directory bound into a read-only image: its parent cannot be fsynced."""
 
     def __init__(self, parent: str) -> None:
+        super().__init__()
         self.parent = parent
-        self._paths: dict[int, str] = {}
-
-    def open(self, path, flags, mode=0o600):
-        fd = super().open(path, flags, mode)
-        self._paths[fd] = os.path.abspath(path)
-        return fd
 
     def fsync(self, fd):
         if self._paths.get(fd) == self.parent:
