@@ -238,8 +238,11 @@ def _proven_prefix(lines: list[bytes], region: bytes, members: list[dict[str, ms
     good = len(lines)
     again = _encoder.encode_lines(members)
     if again != region and not (_aligned(region, len(lines)) and _unique_keys(lines, members)):
-        for i, (line, other) in enumerate(zip(lines, again.split(b"\n"), strict=False)):
-            if line != other:
+        # Each line against its own object's encoding (not against the pieces of
+        # ``again``: an object whose member holds a newline spans two lines, and as many
+        # objects as lines does not mean one object per line).
+        for i, (line, member) in enumerate(zip(lines, members)):
+            if line != _encoder.encode(member):
                 good = i
                 break
     # Depth: a line nested deeper than MAX_DEPTH opens more than MAX_DEPTH brackets. The
