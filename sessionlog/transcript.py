@@ -109,7 +109,7 @@ class PendingCalls:
         self._calls: dict[PendingCall, None] = {}  # unanswered, in log order (by identity)
         self._by_id: dict[str, list[PendingCall]] = {}  # call id -> its unanswered calls, in log order
         # open turn (key) -> ids under which its own call was answered while another turn's
-        # call was still owed a result: a later record of that turn under such an id
+        # call was still owed a result: a later record naming that turn under such an id
         # repeats its answer, it does not answer the other turn's call.
         self._answered_in: dict[Any, set[str]] = {}
         self._last_turn_raw: Any = None  # the latest turn member text decoded to a string ...
@@ -239,11 +239,9 @@ class PendingCalls:
                         call = calls[0]
                         if call.turn is not None:
                             raw = members.get("turn")
-                            if raw is None:
-                                if self._answered_in and not self._answers(call, None):
+                            if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
+                                if not self._answers(call, decode(raw)):
                                     continue
-                            elif (call.turn_raw is None or raw != call.turn_raw) and not self._answers(call, decode(raw)):
-                                continue
                     else:
                         call = self._match(_scanned(type_, seq, members))
                         if call is None:
@@ -342,11 +340,9 @@ class PendingCalls:
                 call = calls[0]
                 if call.turn is not None:
                     raw = members.get("turn")
-                    if raw is None:
-                        if self._answered_in and not self._answers(call, None):
+                    if raw is not None and (call.turn_raw is None or raw != call.turn_raw):
+                        if not self._answers(call, _decode(raw)):  # not the turn as its message wrote it
                             return None
-                    elif (call.turn_raw is None or raw != call.turn_raw) and not self._answers(call, _decode(raw)):
-                        return None  # not the turn as its message wrote it
             else:
                 call = self._match(_scanned(type_, seq, members))
                 if call is None:
@@ -442,7 +438,7 @@ class PendingCalls:
         else:
             same.remove(call)
             turn = _key(call.turn)
-            if turn in self._turns:
+            if turn in self._turns and any(_key(other.turn) != turn for other in same):
                 self._answered_in.setdefault(turn, set()).add(call.call_id)
         return call
 
@@ -510,16 +506,12 @@ class PendingCalls:
 
     def _answers(self, call: PendingCall, turn: Any) -> bool:
         """A record naming ``turn`` answers ``call``, the one call owed a result under its
-        id: it names the call's turn, or a turn open now (see :meth:`_match`) unless that
-        turn's own call under this id was answered while ``call`` was owed one too (the
-        record repeats that answer). A record naming no turn is of the latest turn open."""
-        if turn is None:
-            if not self._answered_in:
-                return True
-            turn = self.open_turn  # a record naming no turn is of the latest turn open
-            if turn is None:
-                return True
-        if turn == call.turn:
+        id: it names no turn, the call's turn, or a turn open now (see :meth:`_match`)
+        unless that turn's own call under this id was answered while ``call`` was owed one
+        too (the record repeats that answer). A record naming no turn cannot be told from
+        a late answer to ``call``: it answers it (dropping a real result would have repair
+        call a call that ran "not started")."""
+        if turn is None or turn == call.turn:
             return True
         key = _key(turn)
         return key == _key(call.turn) or (key in self._turns and call.call_id not in self._answered_in.get(key, ()))
@@ -543,7 +535,7 @@ class PendingCalls:
                 return call
             if call.turn_raw is not None and type(record) is Record:
                 raw = record.raw_member("turn")  # type: ignore[attr-defined]
-                if raw is not None and raw == call.turn_raw:  # the same turn, as written: no decoding
+                if raw is None or raw == call.turn_raw:  # the same turn, as written: no decoding
                     return call
             return call if self._answers(call, record.get("turn")) else None
         turn = record.get("turn")

@@ -467,18 +467,10 @@ def test_a_result_written_in_a_later_open_turn_answers_the_call_of_an_earlier_on
     assert pairing.orphan_seqs == [] and pairing.duplicate_seqs == []
 
 
-@pytest.mark.parametrize("named", [True, False])
-def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call_under_its_id(named: bool) -> None:
+def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call_under_its_id() -> None:
     """The open turn asked for its own call under an id an earlier turn's unanswered call
     has (an id reused); its result written twice (re-appended after an append of unknown
-    outcome), naming its turn or no turn: the second copy repeats that turn's answer, it
-    is not the earlier call's."""
-    def answer() -> dict[str, Any]:
-        event = result("t2", 1, "c1", "deployed by t2")
-        if not named:
-            del event["turn"]
-        return event
-
+    outcome): the second copy repeats that turn's answer, it is not the earlier call's."""
     records = numbered([
         {"type": "turn/start", "turn": "t1"},
         assistant("t1", 1, [("c1", "deploy")]),
@@ -488,13 +480,37 @@ def test_a_repeated_result_of_an_open_turn_does_not_answer_an_earlier_turns_call
         {"type": "turn/start", "turn": "t2"},
         assistant("t2", 1, [("c1", "deploy")]),
         call("t2", 1, "c1", "deploy"),
-        answer(),
-        answer(),
+        result("t2", 1, "c1", "deployed by t2"),
+        result("t2", 1, "c1", "deployed by t2"),
     ])
     assert [c.turn for c in PendingCalls().feed_all(records).unanswered()] == ["t1"]
     pairing = pair_calls(records)
     assert [c.result_seq for ex in pairing.exchanges for c in ex.calls] == [None, 10]  # t1's: view-time
     assert pairing.duplicate_seqs == [11]
+
+
+def test_records_naming_no_turn_answer_an_earlier_turns_call_after_the_open_turn_reused_its_id() -> None:
+    """Ids numbered per response ("call_0" in every turn), tool records written without a
+    turn: turn A's call awaits approval, turn B's own call_0 runs and is answered, then A's
+    is approved and runs. Its records answer A's call: a real result is never dropped
+    (repair would then call a deploy that ran "not started")."""
+    records = numbered([
+        {"type": "turn/start", "turn": "A"},
+        assistant("A", 1, [("call_0", "deploy")]),
+        {"type": "tool/approval", "step": 1, "call_id": "call_0", "state": "requested"},
+        {"type": "turn/start", "turn": "B"},
+        assistant("B", 1, [("call_0", "search")]),
+        {"type": "tool/call", "step": 1, "call_id": "call_0", "name": "search"},
+        {"type": "tool/result", "step": 1, "call_id": "call_0", "output": "found"},
+        {"type": "tool/approval", "step": 1, "call_id": "call_0", "state": "approved"},
+        {"type": "tool/call", "step": 1, "call_id": "call_0", "name": "deploy"},
+        {"type": "tool/result", "step": 1, "call_id": "call_0", "output": "deployed"},
+    ])
+    tracker = PendingCalls().feed_all(records)
+    assert tracker.unanswered() == []
+    pairing = pair_calls(records)
+    assert [c.result_seq for ex in pairing.exchanges for c in ex.calls] == [11, 8]
+    assert pairing.duplicate_seqs == [] and pairing.orphan_seqs == []
 
 
 def test_the_tracker_keeps_what_is_open_not_the_history_of_an_open_turn() -> None:

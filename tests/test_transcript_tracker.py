@@ -4,8 +4,8 @@ fast path, kept here verbatim but for two fixes (an unhashable ``tool/approval``
 raised TypeError; it is now a state the tracker does not follow. A result naming a turn
 open now answers the one call owed a result under its id, asked in an earlier turn: a run
 resumed in a new turn; it was left an orphan, and repair answered the call again. Unless
-that turn had its own call under the id answered since it opened, while another was owed
-one: then it repeats that answer; a record naming no turn is of the latest turn open).
+that turn had its own call under the id answered since it opened, while another turn's was
+owed one: then it repeats that answer).
 
 Random record sequences over the core vocabulary (turns and steps nested, re-opened and
 left open, tool calls, results and approvals with odd, missing, non-string and duplicate
@@ -86,7 +86,7 @@ class ReferenceCalls:
         self._calls: dict[PendingCall, None] = {}
         self._by_id: dict[str, list[PendingCall]] = {}
         self._opened: dict[Any, int] = {}  # open turn key -> the seq that opened it
-        # every call answered while another call under its id was owed a result, and the result's seq
+        # every call answered while another turn's call under its id was owed a result, and the result's seq
         self._answered: list[tuple[PendingCall, int]] = []
 
     @property
@@ -148,7 +148,7 @@ class ReferenceCalls:
                     call.call_seq = seq
                 return None
             call.answered = True
-            if len(self._by_id[call.call_id]) > 1:
+            if any(_key(c.turn) != _key(call.turn) for c in self._by_id[call.call_id] if c is not call):
                 self._answered.append((call, seq))
             del self._calls[call]
             same = self._by_id[call.call_id]
@@ -220,18 +220,14 @@ class ReferenceCalls:
                 return call
             if call.turn_raw is not None and type(record) is Record:
                 raw = record.raw_member("turn")
-                if raw is not None and raw == call.turn_raw:
+                if raw is None or raw == call.turn_raw:
                     return call
             turn = record.get("turn")
-            if turn is None:
-                turn = self.open_turn
-                if turn is None:
-                    return call
-            if turn == call.turn or _key(turn) == _key(call.turn):
+            if turn is None or turn == call.turn or _key(turn) == _key(call.turn):
                 return call
             # A turn open now answers an earlier turn's call, unless since it opened it had
-            # its own call under this id answered while another was owed one (this record
-            # repeats that answer).
+            # its own call under this id answered while another turn's was owed one (this
+            # record repeats that answer).
             key = _key(turn)
             if key in self._turns and not any(
                 c.call_id == call.call_id and _key(c.turn) == key and at > self._opened[key]
