@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sessionlog
 from sessionlog.projection import project
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, header_event
 from sessionlog.transcript import (
@@ -511,6 +512,42 @@ def test_records_naming_no_turn_answer_an_earlier_turns_call_after_the_open_turn
     pairing = pair_calls(records)
     assert [c.result_seq for ex in pairing.exchanges for c in ex.calls] == [11, 8]
     assert pairing.duplicate_seqs == [] and pairing.orphan_seqs == []
+
+
+def test_a_null_turn_is_read_alike_from_a_log_and_from_its_events(tmp_path) -> None:
+    """Records with ``"turn": null`` (of the latest turn open) around an id reused by the
+    next turn: the events and the same records read back from the log agree on what is
+    answered and what is a duplicate."""
+    events = [
+        {"type": "turn/start", "turn": "A"},
+        {"type": "assistant/message", "turn": None, "step": 1, "tool_calls": [{"id": "a", "name": "x"}]},
+        {"type": "turn/start", "turn": "B"},
+        assistant("B", 1, [("a", "x")]),
+        result("B", 1, "a", "B's answer"),
+        {"type": "tool/result", "turn": None, "step": 1, "call_id": "a", "output": "B's answer again"},
+    ]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s1")
+    store.append("s1", events)
+    read = list(store.read("s1"))
+    given = numbered(events)
+    assert [c.turn for c in PendingCalls().feed_all(read).unanswered()] == [
+        c.turn for c in PendingCalls().feed_all(given).unanswered()]
+    assert pair_calls(read).duplicate_seqs == pair_calls(given).duplicate_seqs
+
+
+def test_an_id_answered_twice_in_one_turn_does_not_stop_that_turn_answering_another_turns_call() -> None:
+    records = numbered([
+        {"type": "turn/start", "turn": "A"},
+        {"type": "turn/start", "turn": "B"},
+        assistant("B", 1, [("a", "x")]),
+        assistant("B", 2, [("a", "x")]),
+        result("B", 2, "a", "B2"),  # only B's own other call is owed under the id
+        result("B", 1, "a", "B1"),
+        assistant("A", 1, [("a", "y")]),
+        result("B", 3, "a", "A's, resumed in B"),
+    ])
+    assert PendingCalls().feed_all(records).unanswered() == []
 
 
 def test_the_tracker_keeps_what_is_open_not_the_history_of_an_open_turn() -> None:
