@@ -560,7 +560,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) -> int:
     plan = store.repair(sid, force=True, dry_run=True)  # one scan: damage and what repair appends
     damage = plan.damage
-    if damage is not None and damage.kind.needs_force:
+    if damage is not None:  # torn or zero-filled tails too: the view is of the prefix, and says so
         note(f"warning: {sid}: {damage.kind} at offset {damage.offset}; showing the prefix before it")
     size = _session_bytes(store, sid) or None
     if args.format == "events":

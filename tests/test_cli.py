@@ -548,3 +548,10 @@ def test_a_session_file_with_another_session_named_exits_4(tmp_path, command):
     assert run(command, str(path), "--session", "other")[0] == 4
     assert run(command, f"jsonl:{tmp_path}", "--session", "other")[0] == 4
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s1.jsonl"]
+
+
+@pytest.mark.parametrize("name", ["torn", "zero-fill", "corrupt-last", "mid-log"])
+def test_show_of_a_damaged_log_says_it_shows_the_prefix(fixtures_copy, capsys, name):
+    code, _ = run("show", str(fixtures_copy / f"{name}.jsonl"), "--format", "openai", "--check")
+    kind = EXPECTED[name][1]
+    assert code == 0 and f"{kind} at offset" in capsys.readouterr().err
