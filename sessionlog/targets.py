@@ -100,12 +100,23 @@ def _is_url(text: str) -> bool:
     return bool(sep) and head.partition("+")[0].lower() in KNOWN_SCHEMES and not os.path.exists(text)
 
 
+def _check_scheme(text: str) -> None:
+    """InvalidStoreUrl for a new destination that reads as a URL of no known backend
+    (``jsnol:DIR``, ``http://...``): no path to suggest a URL for."""
+    head, sep, _ = text.partition(":")
+    if sep and head and "/" not in head and not os.path.lexists(text) and not _is_url(text):
+        raise InvalidStoreUrl(f"{text}: {head!r} is no store backend "
+                              "(jsonl:DIR, zstd:DIR, sqlite:///FILE, postgresql+psycopg://...)")
+
+
 def resolve(text: str, *, session: str | None = None) -> list[StoreTarget]:
     """The store targets one command-line TARGET names (several for a store directory
     holding files whose headers disagree with their names).
 
     Raises TargetNotFound (nothing there), InvalidStoreUrl (a malformed URL, a directory
     whose backend cannot be told, a file that is no store or log)."""
+    if not text:  # not the current directory: an empty word names nothing
+        raise TargetNotFound("an empty TARGET names no file, directory or store URL")
     if _is_url(text):
         scheme = scheme_of(text)
         directory = text.partition(":")[2].removeprefix("//")
@@ -271,6 +282,7 @@ def destination(text: str) -> tuple[str, str | None]:
     """A store URL and optional session id for a destination: an existing store path or
     file name, a URL, or a new ``DIR/<id>.jsonl[.zst]`` file (its directory may be new).
     Raises InvalidStoreUrl when the backend of a new path cannot be told."""
+    _check_scheme(text)
     if _is_url(text):
         scheme_of(text)
         return text, None

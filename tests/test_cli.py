@@ -555,3 +555,16 @@ def test_show_of_a_damaged_log_says_it_shows_the_prefix(fixtures_copy, capsys, n
     code, _ = run("show", str(fixtures_copy / f"{name}.jsonl"), "--format", "openai", "--check")
     kind = EXPECTED[name][1]
     assert code == 0 and f"{kind} at offset" in capsys.readouterr().err
+
+
+def test_an_empty_target_names_nothing_not_the_current_directory(fixtures_copy, capsys, monkeypatch):
+    monkeypatch.chdir(fixtures_copy)  # a directory of logs the empty word must not reach
+    code, out = run("scan", "")
+    assert code == 4 and out == "" and "empty TARGET" in capsys.readouterr().err
+
+
+def test_a_destination_url_of_no_known_backend_is_named_as_such(tmp_path, capsys):
+    code, out = run("convert", os.path.join(FIXTURES, "healthy.jsonl"), f"jsnol:{tmp_path / 'out'}")
+    err = capsys.readouterr().err
+    assert code == 2 and "'jsnol' is no store backend" in err and "zstd:jsnol" not in err
+    assert not (tmp_path / "out").exists()
