@@ -693,6 +693,8 @@ def cmd_convert(args: argparse.Namespace, out: TextIO) -> int:
     *sources, dst = args.targets
     if not sources:
         raise UsageError("convert needs SRC... DST")
+    if args.force and not args.repaired:
+        raise UsageError("--force applies to --repaired (the copy's cut): convert --repaired --force")
     if STDIN in args.targets:
         raise UsageError("convert does not read standard input (-): name a file or store")
     results = []

@@ -568,3 +568,9 @@ def test_a_destination_url_of_no_known_backend_is_named_as_such(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and "'jsnol' is no store backend" in err and "zstd:jsnol" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_force_without_repaired_is_a_usage_error(tmp_path, capsys):
+    code, out = run("convert", os.path.join(FIXTURES, "torn.jsonl"), f"jsonl:{tmp_path / 'dst'}", "--force")
+    assert code == 2 and "--repaired" in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists()
