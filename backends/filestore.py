@@ -862,15 +862,21 @@ class FileStore:
         path = self.path_of(session_id)
         self._tails.pop(session_id, None)
         try:
+            # The quarantines first, the log last: a delete killed halfway leaves the
+            # session (which a second delete removes), never quarantines without their log
+            # for the next session of this id to take for its own. One a killed delete
+            # left so (before this order) goes with the next delete of the id.
+            leftovers = self.quarantines(session_id)
+            for name in leftovers:
+                self.fs.unlink(os.path.join(self.directory, name))
             try:
                 st = self.fs.stat(path)
                 self.fs.unlink(path)
                 _POISONED.pop((st.st_dev, st.st_ino), None)  # the inode may be reused by a new session
                 forget_name(path)
             except FileNotFoundError:
-                raise SessionNotFound(f"{path}: no such session") from None
-            for name in self.quarantines(session_id):
-                self.fs.unlink(os.path.join(self.directory, name))
+                if not leftovers:
+                    raise SessionNotFound(f"{path}: no such session") from None
             fsync_dir(self.fs, self.directory)  # the removal survives power loss
         except OSError as exc:
             raise IOFailure(f"{path}: delete failed: {exc.strerror or exc}") from exc

@@ -977,3 +977,39 @@ def test_an_existing_store_directory_whose_parent_cannot_be_fsynced_still_opens(
     store = open_jsonl(str(tmp_path / "st"), fs=ParentCannotSync(str(tmp_path)))
     store.create("s")
     assert store.append("s", [{"type": "x"}]) == 2
+
+
+class LogUnlinkFails(FileSystem):
+    """A delete dies where it unlinks the log itself (its quarantines come first)."""
+
+    def unlink(self, path):
+        if path.endswith((".jsonl", ".jsonl.zst")):
+            raise OSError(errno.EIO, "Input/output error")
+        super().unlink(path)
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_a_delete_cut_short_never_leaves_quarantines_for_the_next_session_of_its_id(tmp_path, scheme):
+    store = sessionlog.open_store(f"{scheme}:{tmp_path}")
+    store.create("s", [{"type": "x"}])
+    path = tmp_path / store.file_name("s")
+    with open(path, "ab") as f:
+        f.write(b'{"seq":3,"ts":1,"ty')  # a torn tail: repair quarantines it
+    assert store.repair("s").status == "repaired" and store.quarantines("s")
+    broken = sessionlog.open_store(f"{scheme}:{tmp_path}", fs=LogUnlinkFails())
+    with pytest.raises(sessionlog.IOFailure):
+        broken.delete("s")
+    assert path.exists() and store.quarantines("s") == []  # the session is still there, whole
+    # A log a killed delete removed before its quarantines (the order before this fix):
+    # the next delete of the id removes what is left, and a new session starts clean.
+    store.repair("s")
+    with open(path, "ab") as f:
+        f.write(b'{"seq":9,"ts":1,"ty')
+    assert store.repair("s").status == "repaired" and store.quarantines("s")
+    os.unlink(path)
+    store.delete("s")
+    assert store.quarantines("s") == []
+    with pytest.raises(sessionlog.SessionNotFound):
+        store.delete("s")
+    store.create("s")
+    assert store.scan("s").status.value == "clean"
