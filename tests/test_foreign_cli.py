@@ -296,3 +296,13 @@ def test_a_fifo_is_an_error_not_a_hang(tmp_path):
     os.mkfifo(fifo, 0o600)
     code, out = run("scan", str(fifo), "--input-format", "codex", "--json")
     assert code == 4 and "not a regular file" in rows(out)[0]["error"]
+
+
+def test_a_forced_input_format_that_the_content_contradicts_is_a_usage_error(capsys):
+    claude = os.path.join(FIXTURES, "claude-code", "dangling-call.jsonl")
+    for path, forced in ((claude, "codex"), (os.path.join(FIXTURES, "healthy.jsonl"), "claude-code")):
+        before = open(path, "rb").read()
+        code = main(["scan", "--input-format", forced, path, "--json"], io.StringIO())
+        assert code == 2 and f"--input-format {forced}, but its content is" in capsys.readouterr().err
+        assert open(path, "rb").read() == before
+    assert main(["scan", "--input-format", "claude-code", claude], io.StringIO()) == 1  # what it is: read

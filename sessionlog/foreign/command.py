@@ -80,6 +80,14 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
     if os.path.exists(target) and not os.path.isdir(target):
         head = read_head(target, HEAD_BYTES)
         if forced is not None:
+            # Forcing a format is for a file its content does not reveal, not for one it
+            # shows to be something else (read as the wrong format, it would look clean).
+            other = "a sessionlog log" if _is_sessionlog(head) else None
+            found = sniff(head) if other is None else None
+            if found is not None and found is not forced:
+                other = f"a {found.title}"
+            if other is not None:
+                raise ForeignUsageError(f"{target}: --input-format {forced.name}, but its content is {other}")
             return ForeignTarget([(target, forced)], None)
         if _is_sessionlog(head):
             return None
@@ -100,7 +108,10 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
     files: list[tuple[str, ForeignFormat]] = []
     skipped = 0
     for path in _jsonl_files(target):
-        fmt = forced if forced is not None else sniff(read_head(path, HEAD_BYTES))
+        head = read_head(path, HEAD_BYTES)
+        fmt = sniff(head)
+        if forced is not None:  # a file shown to be something else is skipped, as unknown ones are
+            fmt = forced if fmt in (None, forced) and not _is_sessionlog(head) else None
         if fmt is None:
             skipped += 1
         else:
