@@ -401,7 +401,11 @@ def compact(
 
 
 def compact_row(report: CompactReport) -> dict[str, Any]:
-    """The command line's ``--json`` row for one compacted session."""
+    """The command line's ``--json`` row for one compacted session: the frame counts and
+    the size after are null when nothing was rewritten (refused, locked, error): a scan
+    that stops at damage does not count the frames after it, and no frame was written."""
+    done = report.status in ("compacted", "unchanged")
     return {"session": report.session, "status": report.status, "reason": report.reason,
-            "bytes_before": report.bytes_before, "bytes_after": report.bytes_after,
-            "frames_before": report.frames_before, "frames_after": report.frames_after}
+            "bytes_before": report.bytes_before, "bytes_after": report.bytes_after if done else None,
+            "frames_before": report.frames_before if done else None,
+            "frames_after": report.frames_after if done else None}

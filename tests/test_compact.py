@@ -16,7 +16,7 @@ from sessionlog.backends.zstd import open_zstd
 
 import sessionlog
 from sessionlog import DamageKind, IOFailure
-from sessionlog.convert import NothingToCompact, compact, exit_code
+from sessionlog.convert import NothingToCompact, compact, compact_row, exit_code
 from sessionlog.durable import FileSystem
 
 CALL = [
@@ -100,6 +100,9 @@ def test_a_damaged_session_is_never_compacted(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     [result] = compact(f"zstd:{tmp_path}")
     assert result.status == "refused" and result.exit_code == 1
+    row = compact_row(result)  # nothing was rewritten: no counts of frames never written
+    assert (row["frames_before"], row["frames_after"], row["bytes_after"]) == (None, None, None)
+    assert row["bytes_before"] == len(damaged)
     store.repair("s")
     assert store.compact("s").status == "compacted"
 
