@@ -345,6 +345,7 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
                     row = scan_row(sid, store.scan(sid), None)
                 except SessionLogError as exc:
                     row = scan_row(sid, None, exc)
+                    row["path"] = row["path"] or _path_of(store, sid)
                 row["path"] = _shown_path(target, row["path"])
                 if target.note:
                     row["note"] = target.note

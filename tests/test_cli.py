@@ -574,3 +574,12 @@ def test_convert_force_without_repaired_is_a_usage_error(tmp_path, capsys):
     code, out = run("convert", os.path.join(FIXTURES, "torn.jsonl"), f"jsonl:{tmp_path / 'dst'}", "--force")
     assert code == 2 and "--repaired" in capsys.readouterr().err
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_scan_row_of_a_log_that_cannot_be_read_names_its_path(tmp_path):
+    shutil.copy(os.path.join(FIXTURES, "healthy.jsonl"), tmp_path / "healthy.jsonl")
+    os.mkfifo(tmp_path / "x.jsonl")  # no log: never read (a read would hang)
+    code, out = run("scan", str(tmp_path), "--json")
+    rows = {row["session"]: row for row in json_lines(out)}
+    assert code == 4 and rows["x"]["status"] == "error"
+    assert rows["x"]["path"] == str(tmp_path / "x.jsonl")
