@@ -352,6 +352,8 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
                 codes.append(_row_exit(row))
                 if args.json:
                     emit_json(out, row)
+                    if "error" in row:  # errors go to standard error, with --json too
+                        note(f"{sid}: {row['error']}")
                 else:
                     rows.append(row)
                 meter.advance(sizes[sid])

@@ -583,3 +583,10 @@ def test_a_scan_row_of_a_log_that_cannot_be_read_names_its_path(tmp_path):
     rows = {row["session"]: row for row in json_lines(out)}
     assert code == 4 and rows["x"]["status"] == "error"
     assert rows["x"]["path"] == str(tmp_path / "x.jsonl")
+
+
+def test_scan_json_also_writes_an_error_to_standard_error(capsys):
+    code, out = run("scan", os.path.join(FIXTURES, "bad", "future-format.jsonl"), "--json")
+    [row] = json_lines(out)
+    assert code == 4 and row["status"] == "unsupported"
+    assert "sessionlog/9" in capsys.readouterr().err
