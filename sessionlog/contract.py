@@ -175,9 +175,8 @@ def power_loss_nuls(unit: bytes, offset: int, *, eof: bool) -> bool:
     file when that comes first; a unit that ends sooner (at a newline, or where the next
     frame starts) has other bytes in that sector."""
     head = SECTOR - offset % SECTOR
-    if len(unit) < head and not eof:
-        head = 0  # the sector holds more than this unit's NULs
-    head = min(len(unit), head)
+    if len(unit) < head:
+        head = len(unit) if eof else 0  # else the sector holds more than this unit's NULs
     if head and unit[:head] == bytes(head):
         return True
     i = unit.find(_ZERO_SECTOR)

@@ -303,12 +303,7 @@ class PendingCalls:
                     else:  # once per turn: the method's own memo serves
                         turn = self._turn_text(raw)
                         key = turn if type(turn) is str else key_of(turn)
-                    turns.pop(key, None)
-                    if self._answered_in:
-                        self._answered_in.pop(key, None)
-                    if steps:  # a turn's end ends every step of it
-                        for step_key in [k for k in steps if k[0] == key]:
-                            del steps[step_key]
+                    self._end_turn(key)  # once per turn: its steps and memos go with it
                 elif type_ == TOOL_APPROVAL:
                     self._last_turn_raw, self._last_turn = turn_memo, turn_value
                     self._feed_scanned(type_, seq, members)

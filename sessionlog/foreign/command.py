@@ -64,6 +64,16 @@ def _jsonl_files(root: str) -> Iterator[str]:
                 yield os.path.join(directory, name)
 
 
+def _shown_otherwise(head: bytes, forced: ForeignFormat) -> str | None:
+    """What a file's first bytes show it to be when that is not ``forced``'s format (a
+    sessionlog log, the other foreign format), else None. Forcing a format is for a file
+    its content does not reveal: read as the wrong format, a file would look clean."""
+    if _is_sessionlog(head):
+        return "a sessionlog log"
+    found = sniff(head)
+    return f"a {found.title}" if found is not None and found is not forced else None
+
+
 def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
     """The foreign files ``target`` names, or None when it is not foreign (a sessionlog
     log, store or URL; something unrecognizable is left to the caller too).
@@ -80,12 +90,7 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
     if os.path.exists(target) and not os.path.isdir(target):
         head = read_head(target, HEAD_BYTES)
         if forced is not None:
-            # Forcing a format is for a file its content does not reveal, not for one it
-            # shows to be something else (read as the wrong format, it would look clean).
-            other = "a sessionlog log" if _is_sessionlog(head) else None
-            found = sniff(head) if other is None else None
-            if found is not None and found is not forced:
-                other = f"a {found.title}"
+            other = _shown_otherwise(head, forced)
             if other is not None:
                 raise ForeignUsageError(f"{target}: --input-format {forced.name}, but its content is {other}")
             return ForeignTarget([(target, forced)], None)
@@ -109,9 +114,10 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
     skipped = 0
     for path in _jsonl_files(target):
         head = read_head(path, HEAD_BYTES)
-        fmt = sniff(head)
-        if forced is not None:  # a file shown to be something else is skipped, as unknown ones are
-            fmt = forced if fmt in (None, forced) and not _is_sessionlog(head) else None
+        if forced is None:
+            fmt = sniff(head)
+        else:  # a file shown to be something else is skipped, as unknown ones are
+            fmt = forced if _shown_otherwise(head, forced) is None else None
         if fmt is None:
             skipped += 1
         else:
