@@ -16,10 +16,14 @@ frame is the unit: it is kept or reported as damage whole, never partially.
 
 from __future__ import annotations
 
+import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import chain
+from struct import Struct
 
 import zstandard
 
@@ -39,6 +43,18 @@ REGION = 64 << 10
 """The most frame content one fast-path attempt of a scan decodes at once (whole frames;
 a larger frame alone). Regions that stay in cache decode faster."""
 MIN_REGION = 4 << 10
+INFLATE_AFTER = 1 << 20
+"""Compressed bytes a scan reads before it decompresses the frames ahead of it in a
+worker thread (see :class:`Inflater`): a log smaller than this never starts one."""
+INFLATE_BATCH = 256 << 10
+"""Compressed bytes of frames the worker decompresses in one call; the scan keeps two
+batches in its hands (one batch ahead was measured slower than none: the scan then
+waits for each one)."""
+_INFLATE_EXPANSION = 16
+"""A batch's frames declare at most this many times its compressed bytes of content (or
+one frame limit): headers are read before anything is decompressed, and a hostile one
+may declare a content its blocks do not hold."""
+"""Compressed bytes walked and handed to the worker ahead of the scan, at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,8 +392,9 @@ class ByteStream:
         return self.buf[i : i + n]
 
     def view(self, pos: int, n: int) -> memoryview:
-        """:meth:`get` without copying the bytes out of the buffer: for a reader that is
-        done with them before asking for more (a frame handed to the decompressor)."""
+        """:meth:`get` without copying the bytes out of the buffer (a frame handed to the
+        decompressor). The buffer is never changed in place: reading more makes a new
+        one, and the view keeps the bytes it shows."""
         i = pos - self.base
         if not (0 <= i and i + n <= len(self.buf)):
             self.get(pos, n)  # reads what is missing
@@ -429,6 +446,12 @@ class FrameScan:
     one of its records is proven, else it goes to the exact rules alone, which say what is
     wrong with it. ``region=0`` takes every frame alone (the exact path the tests compare
     the fast path with).
+
+    Once ``inflate_after`` bytes are read (None: never), the fast path has the frames
+    ahead of it decompressed in a worker thread (:class:`Inflater`), ``inflate_batch``
+    compressed bytes at a call, while it decodes: the scan takes the same frames, with
+    the same checks, in the same order; a frame the worker could not decompress is
+    decompressed again here, and judged as ever.
     """
 
     def __init__(
@@ -440,6 +463,8 @@ class FrameScan:
         limits: Limits = DEFAULT_LIMITS,
         owned: bool = False,
         region: int = REGION,
+        inflate_after: int | None = INFLATE_AFTER,
+        inflate_batch: int = INFLATE_BATCH,
     ) -> None:
         self.session_id = session_id
         self.region = region
@@ -457,6 +482,11 @@ class FrameScan:
         self._stream = ByteStream(read)
         self._done = False
         self._ahead: Shape | None = None  # the frame after the last batch, walked already
+        self._inflate_after = inflate_after
+        self._inflate_batch = inflate_batch
+        self._inflater: Inflater | None = None
+        self._walked = 0  # the frames before this offset are walked (and handed to the inflater)
+        self._shapes: deque[Shape] = deque()  # the frames walked ahead, in order
 
     def __iter__(self) -> Iterator[Record]:
         # The records go out run by run in one C-level loop.
@@ -472,6 +502,13 @@ class FrameScan:
         return self._runs()
 
     def _runs(self) -> Iterator[RecordRun]:
+        try:
+            yield from self._scan_runs()
+        finally:
+            if self._inflater is not None:
+                self._inflater.close()
+
+    def _scan_runs(self) -> Iterator[RecordRun]:
         stream = self._stream
         region = self.region
         span = region  # content bytes the next batch may hold (shrinks after a failed batch)
@@ -497,7 +534,7 @@ class FrameScan:
                         span = min(2 * span, region)
                         continue
                     span = max(MIN_REGION, min(region, 2 * sum(map(len, contents[:taken]))))
-                    shape, content = shapes[taken], contents[taken]
+                    shape, content = shapes[taken], bytes(contents[taken])
                     # The exact rules for this frame, from its verified content.
                     step = self._frame(pos, shape, content)
                 else:
@@ -569,11 +606,22 @@ class FrameScan:
         shapes: list[Shape] = []
         contents: list[bytes] = []
         total = 0
+        inflater = self._inflater
+        if inflater is None and self._inflate_after is not None and pos >= self._inflate_after:
+            inflater = self._inflater = Inflater(flimits)
         while True:
-            shape, self._ahead = self._ahead, None
-            if shape is None or shape.start != pos:
-                shape = _walk_buffered(stream.buf, pos - stream.base, stream.base, flimits) or walk_frame(
-                    get, pos, flimits)
+            if inflater is not None:
+                self._walk_ahead(pos, inflater)
+            ahead = self._shapes
+            while ahead and ahead[0].start < pos:
+                ahead.popleft()
+            if ahead and ahead[0].start == pos:
+                shape = ahead.popleft()
+            else:
+                shape, self._ahead = self._ahead, None
+                if shape is None or shape.start != pos:
+                    shape = _walk_buffered(stream.buf, pos - stream.base, stream.base, flimits) or walk_frame(
+                        get, pos, flimits)
             if shape.__class__ is not Shape or shape.skippable:
                 break
             size = shape.content_size
@@ -581,9 +629,14 @@ class FrameScan:
                 self._ahead = shape  # where the next batch starts: not walked twice
                 break
             end = shape.end
-            content = decompress_frame(stream.view(pos, end - pos), shape, flimits)
-            if isinstance(content, str) or content[-1:] != b"\n":
-                break
+            content = inflater.take(pos) if inflater is not None else None
+            if content is not None:
+                if memoryview(content)[-1:] != b"\n":
+                    break
+            else:
+                content = decompress_frame(stream.view(pos, end - pos), shape, flimits)
+                if isinstance(content, str) or content[-1:] != b"\n":
+                    break
             shapes.append(shape)
             contents.append(content)
             total += len(content)
@@ -592,11 +645,41 @@ class FrameScan:
                 break
         return shapes, contents
 
+    def _walk_ahead(self, pos: int, inflater: Inflater) -> None:
+        """Walk the frames after ``pos`` up to two batches ahead of it and hand them to
+        ``inflater`` a batch at a time. Walking stops at anything but a whole
+        data frame with its content size (the exact path judges it when the scan gets
+        there; walking goes on after it)."""
+        if self._walked < pos:
+            self._walked = pos
+        stream, flimits, shapes = self._stream, self.frame_limits, self._shapes
+        batch = self._inflate_batch
+        most = max(_INFLATE_EXPANSION * batch, flimits.content)
+        while self._walked - pos < 2 * batch:
+            first = at = self._walked
+            walked: list[Shape] = []
+            content = 0
+            while at - first < batch:
+                shape = _walk_buffered(stream.buf, at - stream.base, stream.base, flimits) or walk_frame(
+                    stream.get, at, flimits)
+                if shape.__class__ is not Shape or shape.skippable or not shape.content_size:
+                    break  # (an empty frame is damage; the decompressor's batch call mishandles one)
+                content += shape.content_size
+                if walked and content > most:
+                    break  # the contents the headers declare (the batch call allocates them) are bounded
+                walked.append(shape)
+                at = shape.end
+            if not walked:
+                return
+            shapes.extend(walked)
+            inflater.submit(stream.view(first, at - first), walked)
+            self._walked = at
+
     def _batch(self, contents: list[bytes]) -> tuple[RecordRun, int]:
         """The records of the leading frames whose every record the fast path proves,
         and how many frames that is (``contents``: whole frames' contents, each ending in
         a newline)."""
-        body = contents[0] if len(contents) == 1 else b"".join(contents)
+        body = contents[0] if len(contents) == 1 and type(contents[0]) is bytes else b"".join(contents)
         run, whole = region_run(body, self.last_seq + 1)
         limit = self.limits.record_limit
         if len(body) > limit and len(run):
@@ -608,7 +691,7 @@ class FrameScan:
             return run, len(contents)
         taken = lines = 0
         for content in contents:
-            n = lines + content.count(b"\n")
+            n = lines + bytes(content).count(b"\n")
             if n > len(run):
                 break
             lines = n
@@ -634,6 +717,82 @@ class FrameScan:
         failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
         nul = what != "seq" and power_loss_nuls(unit, offset, eof=offset + len(unit) >= tail.end)
         self.damage = tail_damage(offset, nul, failure, reason, tail, self.limits, owned=self.owned)
+
+
+_SEGMENT = Struct("<QQ")
+_NOT_TAKEN: bytes | None = None
+
+
+class Inflater:
+    """Frames decompressed ahead of a scan in a worker thread of their own.
+
+    zstd decompression releases Python's interpreter lock, so a frame's content can be
+    made on another core while the scan decodes the records of the frames before it. The
+    scan walks the frames (cheap, from their headers) and hands them over a batch at a
+    time (:meth:`submit`); the worker decompresses a batch in one call, each frame
+    checked as :func:`decompress_frame` checks it (its checksum, its declared content
+    size, the window limit). :meth:`take` gives a frame's content, waiting for its batch
+    if need be, or None when the worker could not decompress its batch (the scan then
+    decompresses the frame itself and says what is wrong with it). The worker touches
+    nothing but the bytes handed to it: no file, no descriptor."""
+
+    def __init__(self, limits: FrameLimits) -> None:
+        self._window = limits.window
+        self._jobs: queue.SimpleQueue[tuple[memoryview, list[Shape], Future[list[bytes] | None]] | None] = (
+            queue.SimpleQueue())
+        self._batches: deque[tuple[list[Shape], Future[list[bytes] | None]]] = deque()
+        self._ready: deque[tuple[int, bytes]] = deque()
+        self._thread = threading.Thread(target=self._work, name="sessionlog-zstd-inflate", daemon=True)
+        self._thread.start()
+
+    def submit(self, frames: memoryview, shapes: list[Shape]) -> None:
+        """Decompress the whole data frames ``shapes`` (each with its content size),
+        which ``frames`` holds back to back, ahead of the scan."""
+        future: Future[list[bytes] | None] = Future()
+        self._batches.append((shapes, future))
+        self._jobs.put((frames, shapes, future))
+
+    def take(self, start: int) -> bytes | None:
+        """The content of the frame at ``start`` if it was handed over, else None. Frames
+        are taken in order; those passed over are dropped."""
+        ready = self._ready
+        while True:
+            while ready and ready[0][0] < start:
+                ready.popleft()
+            if ready:
+                return ready.popleft()[1] if ready[0][0] == start else None
+            batches = self._batches
+            while batches and batches[0][0][-1].start < start:
+                batches.popleft()
+            if not batches or batches[0][0][0].start > start:
+                return None
+            shapes, future = batches.popleft()
+            contents = future.result()
+            if contents is None:
+                return None
+            ready.extend(zip([s.start for s in shapes], contents))
+
+    def close(self) -> None:
+        """Stop the worker once it is done with what it has (nothing waits for it)."""
+        self._jobs.put(None)
+
+    def _work(self) -> None:
+        dctx = zstandard.ZstdDecompressor(max_window_size=self._window)
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            frames, shapes, future = job
+            base = shapes[0].start
+            try:
+                out = dctx.multi_decompress_to_buffer(zstandard.BufferWithSegments(
+                    frames, b"".join([_SEGMENT.pack(s.start - base, s.end - s.start) for s in shapes])))
+                contents = list(out)
+                if list(map(len, contents)) != [s.content_size for s in shapes]:
+                    contents = None  # pragma: no cover - zstd checks the declared size
+            except Exception:  # noqa: BLE001 - any failure: the scan decompresses these frames itself
+                contents = None
+            future.set_result(contents)
 
 
 class TailCount:

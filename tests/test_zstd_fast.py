@@ -5,15 +5,17 @@ the same records, the same summary and the same damage or error, byte for byte."
 from __future__ import annotations
 
 import io
-from itertools import chain
 import os
+import random
+import threading
+from itertools import chain
 
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessionlog.backends.zstd import compress_frame
-from sessionlog.backends.zstd_frames import MIN_REGION, REGION, FrameScan
+from sessionlog.backends.zstd_frames import INFLATE_AFTER, INFLATE_BATCH, MIN_REGION, REGION, FrameScan
 
 from sessionlog import DamageKind, Limits, SessionLogError
 from sessionlog.events import Record, RecordRun, encode_record, header_event
@@ -28,6 +30,10 @@ LIMITS = (Limits(), Limits(record_limit=300, batch_limit=1500))
 REGIONS = (REGION, MIN_REGION, 1, 700, 1 << 20)
 """Fast-path region sizes compared with the exact path: the default, the smallest a
 failed batch shrinks to, one frame per batch, a few frames, everything at once."""
+INFLATED = ((REGION, 1), (1, 700), (MIN_REGION, INFLATE_BATCH), (1 << 20, 1 << 20))
+"""(region, inflate batch) of fast paths that have the frames ahead of them decompressed
+by the worker thread from the first one on: one frame a batch (and one frame walked
+ahead), a few, the default, everything at once."""
 
 
 def _line(kind: str, seq: int) -> bytes:
@@ -130,11 +136,14 @@ def run_records(run: RecordRun) -> list[Record]:
 
 
 def outcome(data: bytes, *, region: int, limits: Limits, owned: bool, session_id: str | None,
-            by_runs: bool = False) -> tuple:
+            by_runs: bool = False, inflate_batch: int | None = None) -> tuple:
     """Everything a scan says about ``data``: its records and summary, and its damage or
-    the error it raised (type, message, offset). ``by_runs``: read through ``runs()``."""
+    the error it raised (type, message, offset). ``by_runs``: read through ``runs()``;
+    ``inflate_batch``: frames decompressed ahead by the worker from the start, in batches
+    of that many compressed bytes (None: the default, after 1 MiB)."""
+    inflate = {} if inflate_batch is None else {"inflate_after": 0, "inflate_batch": inflate_batch}
     scanner = FrameScan(io.BytesIO(data).read, session_id=session_id, where="<mem>", limits=limits, owned=owned,
-                        region=region)
+                        region=region, **inflate)
     records = []
     error = None
     try:
@@ -152,6 +161,9 @@ def assert_same(data: bytes, limits: Limits, owned: bool = False, session_id: st
         assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id) == exact, region
         assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id,
                        by_runs=True) == exact, region
+    for region, batch in INFLATED:
+        assert outcome(data, region=region, limits=limits, owned=owned, session_id=session_id,
+                       inflate_batch=batch) == exact, (region, batch)
     return exact
 
 
@@ -532,3 +544,64 @@ def test_the_buffered_walk_takes_every_frame_a_scan_writes():
         pos = shape.end
         walked += 1
     assert walked == 9
+
+
+def _large_log(records: int = 4000) -> bytes:
+    """A clean log of well over INFLATE_AFTER compressed bytes (records of random text
+    that compress poorly), 50 records a frame."""
+    rng = random.Random(5)
+    out = [compress_frame(encode_record(header_event("s"), 1, 1.0) + b"\n", 3)]
+    for first in range(2, records + 2, 50):
+        lines = [encode_record({"type": "x", "v": rng.randbytes(600).hex()}, seq, 1.5)
+                 for seq in range(first, first + 50)]
+        out.append(compress_frame(b"".join(line + b"\n" for line in lines), 3))
+    data = b"".join(out)
+    assert len(data) > 2 * INFLATE_AFTER
+    return data
+
+
+def _inflaters() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sessionlog-zstd-inflate"]
+
+
+def _ended(threads: list[threading.Thread]) -> bool:
+    for thread in threads:
+        thread.join(5)
+    return not any(t.is_alive() for t in threads)
+
+
+def test_a_large_log_read_with_the_worker_is_the_exact_paths_whatever_is_flipped():
+    """Past INFLATE_AFTER the frames ahead are decompressed by a worker thread: a large
+    log, clean or with a byte flipped in a frame far in, scans exactly as the exact path
+    scans it (records, summary, damage), and the worker is gone when the scan is."""
+    data = _large_log()
+    starts = [i for i in range(len(data)) if data.startswith(b"\x28\xb5\x2f\xfd", i)]
+    before = set(_inflaters())
+    for at in (None, starts[len(starts) // 2] + 40, starts[-1] + 30, len(data) - 2):
+        log = data
+        if at is not None:
+            flipped = bytearray(data)
+            flipped[at] ^= 0x10
+            log = bytes(flipped)
+        exact = outcome(log, region=0, limits=Limits(), owned=False, session_id="s")
+        assert outcome(log, region=REGION, limits=Limits(), owned=False, session_id="s") == exact
+        assert (exact[8] is None) == (at is None)
+    assert _ended([t for t in _inflaters() if t not in before])
+
+
+def test_a_scan_left_half_way_ends_its_worker():
+    """A reader that stops early (the records of a large log read in part, the scan
+    dropped) leaves no worker thread behind."""
+    data = _large_log()
+    before = set(_inflaters())
+    scanner = FrameScan(io.BytesIO(data).read, session_id="s", where="<mem>")
+    runs = scanner.runs()
+    seen = 0
+    for run in runs:
+        seen += len(run)
+        if seen > 2000:
+            break
+    started = [t for t in _inflaters() if t not in before]
+    assert started  # the scan was past INFLATE_AFTER: its worker was running
+    runs.close()
+    assert _ended(started)
