@@ -54,7 +54,6 @@ _INFLATE_EXPANSION = 16
 """A batch's frames declare at most this many times its compressed bytes of content (or
 one frame limit): headers are read before anything is decompressed, and a hostile one
 may declare a content its blocks do not hold."""
-"""Compressed bytes walked and handed to the worker ahead of the scan, at most."""
 
 
 @dataclass(frozen=True, slots=True)
