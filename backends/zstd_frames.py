@@ -16,6 +16,7 @@ frame is the unit: it is kept or reported as damage whole, never partially.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections import deque
@@ -51,9 +52,11 @@ INFLATE_BATCH = 256 << 10
 batches in its hands (one batch ahead was measured slower than none: the scan then
 waits for each one)."""
 _INFLATE_EXPANSION = 16
-"""A batch's frames declare at most this many times its compressed bytes of content (or
-one frame limit): headers are read before anything is decompressed, and a hostile one
-may declare a content its blocks do not hold."""
+"""The frames of a batch declare at most this many times :data:`INFLATE_BATCH` bytes of
+content (or one frame limit, for a batch of one frame), and those walked ahead of the
+scan twice that: headers are read before anything is decompressed, a frame of repeated
+bytes compresses a thousandfold, and a hostile header may declare a content its blocks
+do not hold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +489,8 @@ class FrameScan:
         self._inflater: Inflater | None = None
         self._walked = 0  # the frames before this offset are walked (and handed to the inflater)
         self._shapes: deque[Shape] = deque()  # the frames walked ahead, in order
+        self._content_ahead = 0  # the content they declare
+        self._walking = True  # False once a read ahead failed: the scan reads on by itself
 
     def __iter__(self) -> Iterator[Record]:
         # The records go out run by run in one C-level loop.
@@ -606,17 +611,15 @@ class FrameScan:
         contents: list[bytes] = []
         total = 0
         inflater = self._inflater
+        if inflater is not None and inflater.pid != os.getpid():
+            inflater = self._inflater = None  # forked mid-scan: the worker is the parent's
         if inflater is None and self._inflate_after is not None and pos >= self._inflate_after:
             inflater = self._inflater = Inflater(flimits)
         while True:
-            if inflater is not None:
+            if inflater is not None and self._walking:
                 self._walk_ahead(pos, inflater)
-            ahead = self._shapes
-            while ahead and ahead[0].start < pos:
-                ahead.popleft()
-            if ahead and ahead[0].start == pos:
-                shape = ahead.popleft()
-            else:
+            shape = self._walked_shape(pos) if self._shapes else None
+            if shape is None:
                 shape, self._ahead = self._ahead, None
                 if shape is None or shape.start != pos:
                     shape = _walk_buffered(stream.buf, pos - stream.base, stream.base, flimits) or walk_frame(
@@ -644,33 +647,51 @@ class FrameScan:
                 break
         return shapes, contents
 
+    def _walked_shape(self, pos: int) -> Shape | None:
+        """The frame at ``pos`` if it was walked ahead (those before it are dropped)."""
+        ahead = self._shapes
+        while ahead and ahead[0].start <= pos:
+            shape = ahead.popleft()
+            self._content_ahead -= shape.content_size or 0
+            if shape.start == pos:
+                return shape
+        return None
+
     def _walk_ahead(self, pos: int, inflater: Inflater) -> None:
-        """Walk the frames after ``pos`` up to two batches ahead of it and hand them to
-        ``inflater`` a batch at a time. Walking stops at anything but a whole
-        data frame with its content size (the exact path judges it when the scan gets
-        there; walking goes on after it)."""
+        """Walk the frames after ``pos`` up to two batches ahead of it (their declared
+        content bounded too) and hand them to ``inflater`` a batch at a time. Walking
+        stops at anything but a whole data frame with its content size (the exact path
+        judges it when the scan gets there; walking goes on after it). A read that fails
+        ahead ends walking ahead for this scan: what the scan reads by itself, and the
+        errors it meets there, are what they would have been."""
         if self._walked < pos:
             self._walked = pos
         stream, flimits, shapes = self._stream, self.frame_limits, self._shapes
         batch = self._inflate_batch
         most = max(_INFLATE_EXPANSION * batch, flimits.content)
-        while self._walked - pos < 2 * batch:
+        while self._walked - pos < 2 * batch and self._content_ahead < 2 * most:
             first = at = self._walked
             walked: list[Shape] = []
             content = 0
             while at - first < batch:
-                shape = _walk_buffered(stream.buf, at - stream.base, stream.base, flimits) or walk_frame(
-                    stream.get, at, flimits)
-                if shape.__class__ is not Shape or shape.skippable or not shape.content_size:
+                try:
+                    shape = _walk_buffered(stream.buf, at - stream.base, stream.base, flimits) or walk_frame(
+                        stream.get, at, flimits)
+                except Exception:  # noqa: BLE001 - a read ahead failed: the scan will read there itself
+                    self._walking = False
+                    break
+                size = shape.content_size if shape.__class__ is Shape and not shape.skippable else None
+                if not size:
                     break  # (an empty frame is damage; the decompressor's batch call mishandles one)
-                content += shape.content_size
-                if walked and content > most:
+                if walked and content + size > most:
                     break  # the contents the headers declare (the batch call allocates them) are bounded
+                content += size
                 walked.append(shape)
                 at = shape.end
             if not walked:
                 return
             shapes.extend(walked)
+            self._content_ahead += content
             inflater.submit(stream.view(first, at - first), walked)
             self._walked = at
 
@@ -736,6 +757,7 @@ class Inflater:
     nothing but the bytes handed to it: no file, no descriptor."""
 
     def __init__(self, limits: FrameLimits) -> None:
+        self.pid = os.getpid()  # a child forked mid-scan has no worker: it makes its own
         self._window = limits.window
         self._jobs: queue.SimpleQueue[tuple[memoryview, list[Shape], Future[list[bytes] | None]] | None] = (
             queue.SimpleQueue())
@@ -772,8 +794,17 @@ class Inflater:
             ready.extend(zip([s.start for s in shapes], contents))
 
     def close(self) -> None:
-        """Stop the worker once it is done with what it has (nothing waits for it)."""
-        self._jobs.put(None)
+        """Stop the worker: the batches not begun are dropped, the one under way (if any)
+        is the last, and nothing waits for it."""
+        jobs = self._jobs
+        try:
+            while True:
+                jobs.get_nowait()
+        except queue.Empty:
+            pass
+        jobs.put(None)
+        self._batches.clear()
+        self._ready.clear()
 
     def _work(self) -> None:
         dctx = zstandard.ZstdDecompressor(max_window_size=self._window)

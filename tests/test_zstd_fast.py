@@ -4,9 +4,13 @@ the same records, the same summary and the same damage or error, byte for byte."
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 from itertools import chain
 
@@ -14,10 +18,11 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sessionlog.backends.zstd import compress_frame
+from sessionlog.backends.zstd import compress_frame, open_zstd
 from sessionlog.backends.zstd_frames import INFLATE_AFTER, INFLATE_BATCH, MIN_REGION, REGION, FrameScan
 
 from sessionlog import DamageKind, Limits, SessionLogError
+from sessionlog.durable import FileSystem
 from sessionlog.events import Record, RecordRun, encode_record, header_event
 
 EXAMPLES = int(os.environ.get("SESSIONLOG_HYPOTHESIS_EXAMPLES", "0")) or (
@@ -556,7 +561,7 @@ def _large_log(records: int = 4000) -> bytes:
                  for seq in range(first, first + 50)]
         out.append(compress_frame(b"".join(line + b"\n" for line in lines), 3))
     data = b"".join(out)
-    assert len(data) > 2 * INFLATE_AFTER
+    assert len(data) > INFLATE_AFTER
     return data
 
 
@@ -605,3 +610,117 @@ def test_a_scan_left_half_way_ends_its_worker():
     assert started  # the scan was past INFLATE_AFTER: its worker was running
     runs.close()
     assert _ended(started)
+
+
+def _then(frames: list[bytes]) -> bytes:
+    """:func:`_large_log`'s first 1.2 MiB of frames (the worker starts in them), then
+    ``frames``."""
+    data = _large_log(2000)
+    return data + b"".join(frames)
+
+
+_RSS_AFTER_FIRST_BIG_RECORD = """
+import io, sys, time
+from sessionlog.backends.zstd_frames import FrameScan
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) << 10
+
+data = open(sys.argv[1], "rb").read()
+before = rss()
+scanner = FrameScan(io.BytesIO(data).read, session_id="s", where="<mem>")
+for record in scanner:
+    if len(record.raw) > 100_000:
+        break  # a reader slower than the worker
+time.sleep(1)
+print(rss() - before)
+"""
+
+
+def test_what_is_decompressed_ahead_is_bounded_by_the_content_the_frames_declare(tmp_path):
+    """Frames of one 1 MiB record of repeated bytes compress to ~100 bytes each: walked
+    ahead by their compressed size alone, the worker decompressed thousands of them
+    (1.8 GiB held for a reader that paused at the first one). What is decompressed ahead
+    is bounded by the content the frames declare too (a few MiB)."""
+    big = [compress_frame(encode_record({"type": "x", "v": "a" * 1_000_000}, seq, 1.5) + b"\n", 3)
+           for seq in range(2002, 2402)]
+    assert max(map(len, big)) < 2000
+    path = tmp_path / "bomb.jsonl.zst"
+    path.write_bytes(_then(big))
+    out = subprocess.run([sys.executable, "-c", _RSS_AFTER_FIRST_BIG_RECORD, str(path)], capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert int(out.stdout) < 100 << 20, out.stdout  # 400 MiB when not bounded
+
+
+def test_a_scan_that_ends_at_damage_leaves_no_work_behind():
+    """A scan that stops at damage (here frames of 1 MiB of bytes that are no records,
+    ~100 bytes each compressed) drops what was handed to the worker and not begun: the
+    worker ends at once, not after decompressing all it was given."""
+    junk = compress_frame(b"a" * (1 << 20), 3)
+    data = _then([junk] * 2000)
+    before = set(_inflaters())
+    scanner = FrameScan(io.BytesIO(data).read, session_id="s", where="<mem>")
+    assert sum(1 for _ in scanner) == 2001 and scanner.damage is not None
+    started = [t for t in _inflaters() if t not in before]
+    for thread in started:
+        thread.join(0.5)
+    assert not any(t.is_alive() for t in started)
+
+
+def test_a_fault_past_what_a_reader_needs_is_not_met_by_reading_ahead(tmp_path):
+    """Through the I/O seam, a read that fails past the bytes an early-stopping reader
+    needs (a bad sector further on) is not that reader's error: the worker's reads
+    ahead that fail end reading ahead, and the reader meets a fault only where it reads
+    by itself, as without the worker."""
+    store = open_zstd(str(tmp_path))
+    store.create("s")
+    rng = random.Random(1)
+    for _ in range(60):
+        store.append("s", [{"type": "x", "v": rng.randbytes(600).hex()} for _ in range(50)])
+    store.close()
+
+    class Faulty(FileSystem):
+        def __init__(self, fail_past: int | None) -> None:
+            self.fail_past, self.furthest = fail_past, 0
+
+        def pread(self, fd: int, n: int, offset: int) -> bytes:
+            if self.fail_past is not None and offset + n > self.fail_past:
+                raise OSError(errno.EIO, "injected: a bad sector")
+            data = super().pread(fd, n, offset)
+            self.furthest = max(self.furthest, offset + len(data))
+            return data
+
+    def first_records(fs: Faulty, inflate_after: int | None) -> int:
+        reader = open_zstd(str(tmp_path), fs=fs, create_dir=False)
+        FrameScan.__init__.__kwdefaults__["inflate_after"] = inflate_after
+        try:
+            records = reader.read("s")
+            got = [next(records) for _ in range(2000)]
+            records.close()
+            return len(got)
+        finally:
+            FrameScan.__init__.__kwdefaults__["inflate_after"] = INFLATE_AFTER
+            reader.close()
+
+    alone = Faulty(None)
+    assert first_records(alone, None) == 2000
+    assert first_records(Faulty(alone.furthest + 1), None) == 2000  # the fault lies past what it reads
+    assert first_records(Faulty(alone.furthest + 1), INFLATE_AFTER) == 2000
+
+
+def test_a_child_forked_mid_scan_reads_on_without_the_parents_worker():
+    """A process forked during a scan (a generator handed to a forked worker process):
+    the child has no worker thread; it reads on by itself instead of waiting for one."""
+    data = _large_log()
+    scanner = FrameScan(io.BytesIO(data).read, session_id="s", where="<mem>", inflate_after=0)
+    records = iter(scanner)
+    got = [next(records) for _ in range(100)]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        signal.alarm(20)
+        os._exit(0 if len(got) + sum(1 for _ in records) == 4001 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert len(got) + sum(1 for _ in records) == 4001
