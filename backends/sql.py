@@ -432,6 +432,12 @@ class SqlStore:
             raise InvalidStoreUrl(f"{url!r}: not a database URL ({exc})") from None
         self.display_url = sa_url.render_as_string(hide_password=True)
         backend, driver = sa_url.get_backend_name(), sa_url.get_driver_name()
+        if backend == "sqlite" and sa_url.host:
+            # sqlite://x.db parses as host "x.db" and no database: SQLite would open an
+            # empty in-memory database, and the file meant is never read nor written.
+            meant = sa_url.host + (f"/{sa_url.database}" if sa_url.database else "")
+            raise InvalidStoreUrl(f"{url!r}: an SQLite URL names no host: its file follows three slashes "
+                                  f"(sqlite:///{meant}; an absolute path takes four)")
         options = dict(engine_options or {})
         if backend == "sqlite" and driver in ("pysqlite", ""):
             self.schema = build_schema(None)

@@ -192,6 +192,12 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert run("frobnicate")[0] == 2
     assert run("scan")[0] == 2  # no TARGET
     assert run("scan", "jsonl:")[0] == 2  # a malformed URL
+    capsys.readouterr()
+    for command in ("scan", "repair", "show", "compact"):  # a host where the file goes: not an empty in-memory store
+        assert run(command, "sqlite://x.db")[0] == 2, command
+        assert "sqlite:///x.db" in capsys.readouterr().err
+    assert run("convert", f"jsonl:{tmp_path}", "sqlite://x.db")[0] == 2
+    assert "sqlite:///x.db" in capsys.readouterr().err and not os.path.exists("x.db")
     assert run("scan", str(tmp_path / "a.jsonl"), "--session", "b")[0] == 4  # names nothing, not usage
     assert run("show", str(tmp_path))[0] == 2  # two sessions
     assert run("show", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))[0] == 2
