@@ -892,7 +892,7 @@ class SqlStore:
         scan = ScanResult.of_prefix(
             session_id, None, rows, tracker, stable_offset=rows.count, owned=owned,
             unmarked_quarantines=[q for q in tail.quarantines if q not in named],
-            load=lambda: self.read(session_id), last_raw=bytes(record.raw) if rows.count else None,
+            load=lambda: self.read_prefix(session_id), last_raw=bytes(record.raw) if rows.count else None,
         )
         return scan, tail
 
@@ -914,14 +914,37 @@ class SqlStore:
         round trip (memory stays bounded; no transaction is held between chunks).
 
         Each record is validated as it is read and the stream stops at the first damaged
-        row. Raises SequenceConflict when ``after_seq`` lies beyond the prefix's last
-        record (the reader saw records that are no longer there), SessionNotFound,
-        CorruptLog (not a session log). With ``after_seq > 0`` the rows up to it are
-        trusted when the row at ``after_seq`` is intact (``scan`` checks them all)."""
+        row: quietly when nothing that decodes follows it (a plain repair's damage), else
+        with CorruptLog naming it (``mid-log``, ``seq-break``: the rows after it are
+        history a caller must not take the prefix for; as the file backends do). Raises
+        SequenceConflict when ``after_seq`` lies beyond the prefix's last record (the
+        reader saw records that are no longer there), SessionNotFound, CorruptLog (not a
+        session log). With ``after_seq > 0`` the rows up to it are trusted when the row at
+        ``after_seq`` is intact (``scan`` checks them all)."""
         self._check_id(session_id)
-        return self._read(session_id, read_start(after_seq))
+        return self._read(session_id, read_start(after_seq), whole=True)
 
-    def _read(self, session_id: str, after_seq: int) -> Iterator[Record]:
+    def read_prefix(self, session_id: str, after_seq: int = 0) -> Iterator[Record]:
+        """:meth:`read` that ends quietly at damage needing ``--force`` (see
+        :func:`sessionlog.contract.read_prefix`)."""
+        self._check_id(session_id)
+        return self._read(session_id, read_start(after_seq), whole=False)
+
+    def _stopped(self, session_id: str, last_seq: int) -> None:
+        """A read stopped at a damaged row after seq ``last_seq``: raise CorruptLog when the
+        damage needs force (records decode after it), as a scan now finds it."""
+        scan, _ = self._scan(session_id, owned=False)
+        damage = scan.damage
+        if damage is not None and damage.kind.needs_force:
+            where = self._where(session_id)
+            raise CorruptLog(
+                f"{where}: {damage.kind} at row {damage.offset}: read stopped at seq {last_seq}; "
+                f"{damage.records_after} decodable records after the damage were not read ({damage.reason}); "
+                "see `sessionlog scan`, then repair with force or salvage",
+                path=where, offset=damage.offset, kind=str(damage.kind),
+            )
+
+    def _read(self, session_id: str, after_seq: int, *, whole: bool) -> Iterator[Record]:
         where = self._where(session_id)
         t = self.schema
         with self._errors("read"):
@@ -972,11 +995,15 @@ class SqlStore:
                         if expected == 1:
                             raise CorruptLog(f"{where}: not a session log: its first row does not decode",
                                              path=where, offset=0) from None
+                        if whole:
+                            self._stopped(session_id, expected - 1)
                         return
                     if record.seq != expected or seq_col != expected:
                         if expected == 1:
                             raise CorruptLog(f"{where}: not a session log: its first row is seq {seq_col}",
                                              path=where, offset=0)
+                        if whole:
+                            self._stopped(session_id, expected - 1)
                         return
                     if expected == 1:
                         check_header(record, session_id, where)

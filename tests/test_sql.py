@@ -42,6 +42,7 @@ from sessionlog import (
     UnsupportedFormat,
     cli,
 )
+from sessionlog.contract import read_prefix
 from sessionlog.events import Record, encode_record, header_event
 
 
@@ -454,7 +455,16 @@ def test_garbage_row_before_good_rows_is_mid_log(store: SqlStore, sql_url: str) 
     assert scan.damage.records_after == 4 and scan.damage.dropped_seqs == (5, 8)
     assert scan.damage.length == sum(len(r) for _, r in tail)
     assert [r.raw for r in scan.records] == [r.raw for r in before[:3]]
-    assert [r.seq for r in store.read("s1")] == [1, 2, 3]
+    # A reader is told, after the prefix: rows that decode follow the damage (as on files).
+    given = []
+    with pytest.raises(CorruptLog) as raised:
+        for record in store.read("s1"):
+            given.append(record.seq)
+    assert given == [1, 2, 3] and raised.value.kind == "mid-log" and raised.value.offset == 3
+    assert "4 decodable records after the damage" in str(raised.value)
+    with pytest.raises(CorruptLog):
+        sessionlog.project(store.read("s1"), "openai")
+    assert [r.seq for r in read_prefix(store, "s1")] == [1, 2, 3]  # the tools that show a damaged log
 
     refused = store.repair("s1")
     assert refused.status == "refused" and "force" in (refused.reason or "")
@@ -491,6 +501,7 @@ def test_garbage_last_rows_are_corrupt_and_repair_without_force(store: SqlStore,
     assert scan.damage is not None and scan.damage.kind is DamageKind.CORRUPT
     assert (scan.damage.offset, scan.damage.records_after, scan.damage.dropped_seqs) == (4, 0, None)
     assert scan.status is Status.REPAIRABLE
+    assert [r.seq for r in store.read("s1")] == [1, 2, 3, 4]  # nothing decodes after it: the prefix, quietly
     with store.session("s1", repair=True) as handle:
         assert handle.last_seq == 6  # marker 5, turn/end 6
         assert [r.type for r in handle.records(4)] == ["log/truncated", "turn/end"]
@@ -505,6 +516,10 @@ def test_deleted_row_is_a_seq_break(store: SqlStore, sql_url: str) -> None:
     assert scan.damage is not None and scan.damage.kind is DamageKind.SEQ_BREAK
     assert (scan.damage.offset, scan.damage.records_after, scan.damage.dropped_seqs) == (2, 4, (4, 7))
     assert "seq 4 where 3 was expected" in scan.damage.reason
+    with pytest.raises(CorruptLog) as raised:
+        list(store.read("s1"))
+    assert raised.value.kind == "seq-break" and raised.value.offset == 2
+    assert [r.seq for r in read_prefix(store, "s1")] == [1, 2]
     with pytest.raises(CorruptLog) as info:  # the row count gives a gap away when the session is opened
         store.append("s1", plain(1))
     assert info.value.kind == "seq-break"
@@ -583,8 +598,13 @@ def test_read_streams_across_chunks_and_stops_at_damage(store: SqlStore, sql_url
     assert [r.seq for r in store.read("s1", 1500)] == list(range(1501, 2502))
     assert list(store.read("s1", 2501)) == []
     db(sql_url, "UPDATE sessionlog_records SET record = :b WHERE session_id = 's1' AND seq = 2200", b=b"x")
-    assert [r.seq for r in store.read("s1")][-1] == 2199
-    assert [r.seq for r in store.read("s1", 2100)] == list(range(2101, 2200))
+    assert [r.seq for r in read_prefix(store, "s1")][-1] == 2199
+    assert [r.seq for r in read_prefix(store, "s1", 2100)] == list(range(2101, 2200))
+    given = []
+    with pytest.raises(CorruptLog) as raised:  # rows decode after the damage: the reader is told
+        for record in store.read("s1", 2100):
+            given.append(record.seq)
+    assert given == list(range(2101, 2200)) and raised.value.kind == "mid-log"
     with pytest.raises(SequenceConflict):
         list(store.read("s1", 2200))
     assert store.scan("s1").damage.records_after == 301  # type: ignore[union-attr]
