@@ -371,6 +371,8 @@ ZSTD_SHAPES: dict[str, str] = {
     "skippable-frames": "a skippable frame after every 64-record frame",
     "spaced-frames": "64-record frames of lines written with spaces (json.dumps defaults)",
     "bad-checksum-mid-log": "frame 2 fails its checksum (mid-log: the rest is walked)",
+    "repeated-bytes-frames": "half the content in frames of one 1 MB record of repeated bytes (~100 bytes each "
+                             "compressed: what is decompressed ahead is bounded by the content declared)",
 }
 
 
@@ -390,7 +392,8 @@ def zstd_shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> tu
     from sessionlog.backends.zstd_frames import SKIPPABLE_MAGIC
 
     header = corpus.header("shape") + b"\n"
-    body = [line + b"\n" for line in _first_lines(corpus, max_bytes)[0]]
+    repeated = shape == "repeated-bytes-frames"
+    body = [line + b"\n" for line in _first_lines(corpus, max_bytes // 2 if repeated else max_bytes)[0]]
     if shape == "spaced-frames":
         body = [json.dumps(json.loads(line), ensure_ascii=False).encode() + b"\n" for line in body]
     groups: list[list[bytes]] = []
@@ -418,6 +421,12 @@ def zstd_shaped_log(corpus: Corpus, shape: str, max_bytes: int = 16 << 20) -> tu
         frames = [frame + skippable for frame in frames]
     elif shape == "bad-checksum-mid-log":
         frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 0xFF])  # the checksum's last byte
+    elif repeated:
+        seq = len(body) + 2
+        for seq in range(seq, seq + max(1, (max_bytes // 2) // 1_000_000)):
+            line = encode_record({"type": "tool/result", "call_id": "c", "output": "a" * 1_000_000}, seq, 1.0) + b"\n"
+            frames.append(compress_frame(line, DEFAULT_LEVEL))
+            body.append(line)
     content = len(header) + sum(map(len, body))
     return compress_frame(header, DEFAULT_LEVEL) + b"".join(frames), content, len(body) + 1
 
