@@ -124,6 +124,7 @@ from .sql_engines import (
     GroupBatch,
     PostgresKind,
     SqliteKind,
+    _is_connection_error,
     _quiet,
     _too_many_hint,
     blame,
@@ -806,6 +807,12 @@ class SqlStore:
                 yield cur
             finally:
                 _quiet(cur.close)
+        except BaseException as exc:
+            if _is_connection_error(exc):
+                # The server ended it: drop it from the pool rather than have the pool's
+                # reset try a rollback on it (and log that failure as an error).
+                _quiet(raw.invalidate)
+            raise
         finally:
             _quiet(raw.close)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import select
 import sqlite3
 import sys
 import threading
@@ -498,6 +499,7 @@ class PostgresKind(EngineKind):
         options.update(engine_options)
         self.engine = sa.create_engine(url, **options)
         event.listen(self.engine, "connect", self._on_connect)
+        event.listen(self.engine, "checkout", _ended_while_idle)
         self.locks = AdvisoryLocks(self.engine, where)
         self._prepare_sql("%s")
         records = schema.qualified(schema.records)
@@ -678,6 +680,29 @@ class PostgresKind(EngineKind):
         return int(row[0])
 
 
+def _ended_while_idle(dbapi: Any, record: object, proxy: object) -> None:
+    """Pool checkout of a PostgreSQL connection: one the server ended while it sat in the
+    pool (a restart, a failover, ``idle_session_timeout``, ``pg_terminate_backend``) is
+    replaced there, instead of failing the call that took it.
+
+    The server says so before it closes the socket, so such a connection has bytes
+    waiting (or an end of file) where an idle one has none: one poll of the socket, no
+    round trip (``pool_pre_ping`` would add one to every append). A connection with a
+    stray notice waiting is replaced too, which costs a connect and nothing else."""
+    try:
+        if dbapi.closed or dbapi.broken:
+            raise sa.exc.DisconnectionError("the connection is closed")
+        poller = select.poll()
+        poller.register(dbapi.pgconn.socket, select.POLLIN)
+        waiting = poller.poll(0)
+    except sa.exc.DisconnectionError:
+        raise
+    except Exception as exc:  # no socket: the driver knows it is gone
+        raise sa.exc.DisconnectionError(f"the connection is gone: {exc}") from exc
+    if waiting:
+        raise sa.exc.DisconnectionError("the server ended the connection while it was idle")
+
+
 class AdvisoryLocks:
     """The ownership locks of one PostgreSQL store, held on ONE dedicated connection (the
     lock connection), however many sessions the store owns.
@@ -785,7 +810,10 @@ class AdvisoryLocks:
         self._conn, self._token = None, None
         self._held = {k: t for k, t in self._held.items() if t != token}
         if conn is not None:
-            _quiet(conn.close)
+            # Ended without the pool's reset: the connection is outside the pool, holds no
+            # transaction (autocommit), and is often dead already (a rollback on it would
+            # fail and be logged as an error).
+            _quiet(conn.invalidate)
 
 
 class AdvisoryOwnership:

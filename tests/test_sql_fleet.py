@@ -5,6 +5,7 @@ PostgreSQL tests need SESSIONLOG_TEST_POSTGRES_URL (a schema of their own per te
 
 from __future__ import annotations
 
+import logging
 import secrets
 import subprocess
 import sys
@@ -221,3 +222,41 @@ def _target(fd: Path) -> str | None:
         return str(fd.readlink())
     except OSError:
         return None
+
+
+def test_a_store_outlives_its_server_connections(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A server restart, a failover or an idle timeout ends every connection a long-lived
+    store pooled. The next calls are served on new connections: no read, scan, session or
+    append fails because a pooled connection died while it sat idle, and nothing is
+    logged as an error on the way (closing a dead connection is not an error)."""
+    app = f"sl_gone_{secrets.token_hex(4)}"
+    url = f"{pg_url}&application_name={app}"
+
+    def end_every_connection() -> None:
+        ended = server("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :a", a=app)
+        assert ended
+        deadline = time.monotonic() + 10
+        while connections_named(app) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    with sessionlog.open_store(url) as store:
+        store.create("s1")
+        with store.session("s1") as handle:
+            handle.append(note(1))
+        assert [r.seq for r in store.read("s1")] == [1, 2]
+        end_every_connection()
+        assert [r.seq for r in store.read("s1")] == [1, 2]
+        end_every_connection()
+        assert store.scan("s1").record_count == 2
+        end_every_connection()
+        with store.session("s1") as handle:  # a new lock connection, a pooled one for the append
+            assert handle.append(note(2)) == 3
+            end_every_connection()  # the lock went with its connection: this handle must fail
+            with pytest.raises(AppendFailed) as info:
+                handle.append(note(3))
+            assert not info.value.outcome_unknown
+        end_every_connection()
+        store.create("s2")
+        assert store.append("s2", note(4)) == 2
+        assert [r["i"] for r in store.read("s1", 1)] == [1, 2]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
