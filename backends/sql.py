@@ -137,6 +137,10 @@ __all__ = ["DurabilityRefused", "RowScan", "SqlSession", "SqlStore", "open_url"]
 READ_CHUNK = 1000
 """Rows per round trip when streaming a session (memory stays bounded)."""
 
+_REREADS = 3
+"""Times one read reads on after a damaged row it fetched was replaced under it (a repair
+in another process); then it ends as the damage it met says."""
+
 MAX_ATTEMPTS = 12
 """Tries of one append when it meets retryable errors (busy, deadlock, serialization)."""
 
@@ -923,7 +927,9 @@ class SqlStore:
         Each record is validated as it is read and the stream stops at the first damaged
         row: quietly when nothing that decodes follows it (a plain repair's damage), else
         with CorruptLog naming it (``mid-log``, ``seq-break``: the rows after it are
-        history a caller must not take the prefix for; as the file backends do). Raises
+        history a caller must not take the prefix for; as the file backends do). A damaged
+        row that a repair in another process replaced after the reader fetched it is not
+        an end: the read reads on into the repaired rows (as the file backends re-read). Raises
         SequenceConflict when ``after_seq`` lies beyond the prefix's last record (the
         reader saw records that are no longer there), SessionNotFound, CorruptLog (not a
         session log). With ``after_seq > 0`` the rows up to it are trusted when the row at
@@ -937,12 +943,17 @@ class SqlStore:
         self._check_id(session_id)
         return self._read(session_id, read_start(after_seq), whole=False)
 
-    def _stopped(self, session_id: str, last_seq: int) -> None:
-        """A read stopped at a damaged row after seq ``last_seq``: raise CorruptLog when the
-        damage needs force (records decode after it), as a scan now finds it."""
+    def _stopped(self, session_id: str, last_seq: int, *, whole: bool) -> bool:
+        """A read met a damaged row after seq ``last_seq``; what a scan finds now decides.
+        True when the log is valid past ``last_seq`` now (a repair or a rewrite replaced
+        the row since the reader fetched it: read on). Else, for :meth:`read` (``whole``),
+        CorruptLog when the damage needs force (records decode after it); False otherwise
+        (the read ends quietly at the damage)."""
         scan, _ = self._scan(session_id, owned=False)
+        if scan.last_seq > last_seq:
+            return True
         damage = scan.damage
-        if damage is not None and damage.kind.needs_force:
+        if whole and damage is not None and damage.kind.needs_force:
             where = self._where(session_id)
             raise CorruptLog(
                 f"{where}: {damage.kind} at row {damage.offset}: read stopped at seq {last_seq}; "
@@ -950,6 +961,7 @@ class SqlStore:
                 "see `sessionlog scan`, then repair with force or salvage",
                 path=where, offset=damage.offset, kind=str(damage.kind),
             )
+        return False
 
     def _read(self, session_id: str, after_seq: int, *, whole: bool) -> Iterator[Record]:
         where = self._where(session_id)
@@ -978,6 +990,7 @@ class SqlStore:
                         )
             expected = after_seq + 1
             limit = self.limits.record_limit
+            rereads = _REREADS
             while True:
                 with self._connect() as conn:
                     chunk = conn.execute(self._q_read, {"sid": session_id, "after": expected - 1}).all()
@@ -1002,22 +1015,25 @@ class SqlStore:
                         if expected == 1:
                             raise CorruptLog(f"{where}: not a session log: its first row does not decode",
                                              path=where, offset=0) from None
-                        if whole:
-                            self._stopped(session_id, expected - 1)
+                        if self._stopped(session_id, expected - 1, whole=whole) and rereads:
+                            rereads -= 1
+                            break  # the row changed since the chunk was read: read on from it
                         return
                     if record.seq != expected or seq_col != expected:
                         if expected == 1:
                             raise CorruptLog(f"{where}: not a session log: its first row is seq {seq_col}",
                                              path=where, offset=0)
-                        if whole:
-                            self._stopped(session_id, expected - 1)
+                        if self._stopped(session_id, expected - 1, whole=whole) and rereads:
+                            rereads -= 1
+                            break  # the row changed since the chunk was read: read on from it
                         return
                     if expected == 1:
                         check_header(record, session_id, where)
                     expected += 1
                     yield record
-                if len(chunk) < READ_CHUNK:
-                    return
+                else:
+                    if len(chunk) < READ_CHUNK:
+                        return
 
     # -- repair ---------------------------------------------------------------------------
 

@@ -590,6 +590,24 @@ def test_repair_is_conditional_on_the_rows_it_scanned(store: SqlStore, sql_url: 
 # --- reading, importing, converting ------------------------------------------------------
 
 
+@pytest.mark.parametrize("reader", ["read", "read_prefix"])
+def test_a_read_that_meets_damage_a_repair_removed_reads_on(store: SqlStore, sql_url: str, reader: str) -> None:
+    """A reader fetched a chunk holding a damaged row; before it reached the row, another
+    process repaired the session (the row quarantined, the marker and the closing records
+    appended in its place). The reader reads on into the repaired rows, as the file
+    backends re-read: it ends where a fresh read ends, never quietly at the old damage."""
+    _session_with(store, 6)  # seq 1..8
+    db(sql_url, "UPDATE sessionlog_records SET record = :b WHERE session_id = 's1' AND seq = 4", b=b"\x00garbage")
+    stream = iter(store.read("s1") if reader == "read" else read_prefix(store, "s1"))
+    given = [next(stream).seq]  # the chunk with the damaged row is fetched
+    with sessionlog.open_store(sql_url) as other:  # another process repairs, with force
+        assert other.repair("s1", force=True).status == "repaired"
+    given += [record.seq for record in stream]
+    fresh = [record.seq for record in store.read("s1")]
+    assert fresh[:3] == [1, 2, 3] and len(fresh) > 3
+    assert given == fresh
+
+
 def test_read_streams_across_chunks_and_stops_at_damage(store: SqlStore, sql_url: str) -> None:
     store.create("s1")
     for k in range(5):
