@@ -690,7 +690,7 @@ def _ended_while_idle(dbapi: Any, record: object, proxy: object) -> None:
     round trip (``pool_pre_ping`` would add one to every append). A connection with a
     stray notice waiting is replaced too, which costs a connect and nothing else."""
     try:
-        if dbapi.closed or dbapi.broken:
+        if dbapi.closed or getattr(dbapi, "broken", False):
             raise sa.exc.DisconnectionError("the connection is closed")
         poller = select.poll()
         poller.register(dbapi.pgconn.socket, select.POLLIN)
