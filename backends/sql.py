@@ -1010,18 +1010,13 @@ class SqlStore:
                             path=where, offset=expected - 1,
                         )
                     try:
-                        record = decode_row(raw)
+                        record: Record | None = decode_row(raw)
                     except RecordError:
+                        record = None
+                    if record is None or record.seq != expected or seq_col != expected:
                         if expected == 1:
-                            raise CorruptLog(f"{where}: not a session log: its first row does not decode",
-                                             path=where, offset=0) from None
-                        if self._stopped(session_id, expected - 1, whole=whole) and rereads:
-                            rereads -= 1
-                            break  # the row changed since the chunk was read: read on from it
-                        return
-                    if record.seq != expected or seq_col != expected:
-                        if expected == 1:
-                            raise CorruptLog(f"{where}: not a session log: its first row is seq {seq_col}",
+                            why = "does not decode" if record is None else f"is seq {seq_col}"
+                            raise CorruptLog(f"{where}: not a session log: its first row {why}",
                                              path=where, offset=0)
                         if self._stopped(session_id, expected - 1, whole=whole) and rereads:
                             rereads -= 1

@@ -689,14 +689,12 @@ def _ended_while_idle(dbapi: Any, record: object, proxy: object) -> None:
     waiting (or an end of file) where an idle one has none: one poll of the socket, no
     round trip (``pool_pre_ping`` would add one to every append). A connection with a
     stray notice waiting is replaced too, which costs a connect and nothing else."""
+    if dbapi.closed or getattr(dbapi, "broken", False):
+        raise sa.exc.DisconnectionError("the connection is closed")
     try:
-        if dbapi.closed or getattr(dbapi, "broken", False):
-            raise sa.exc.DisconnectionError("the connection is closed")
         poller = select.poll()
         poller.register(dbapi.pgconn.socket, select.POLLIN)
         waiting = poller.poll(0)
-    except sa.exc.DisconnectionError:
-        raise
     except Exception as exc:  # no socket: the driver knows it is gone
         raise sa.exc.DisconnectionError(f"the connection is gone: {exc}") from exc
     if waiting:
