@@ -310,7 +310,9 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
             got = next(new)
             if i in plan.replace:
                 was, now = json.loads(raw[plan.cut.get(i, 0):]), json.loads(got)
-                assert set(was) == set(now)
+                # Claude Code: an entry whose parentUuid key was lost gets one (relinked).
+                assert set(now) - set(was) <= ({"parentUuid"} if exam.format.name == "claude-code" else set())
+                assert set(was) <= set(now)
                 if exam.format.name == "claude-code":
                     assert {k for k in was if was[k] != now[k]} <= {"parentUuid", "message"}
                 elif was.get("type") == "compacted" and was != now:
@@ -593,3 +595,114 @@ def test_codex_an_output_in_a_compacted_history_with_no_call_there_is_removed_fr
     assert fixed["payload"]["replacement_history"] == history and fixed["timestamp"] == obj["timestamp"]
     assert repaired[:at] + repaired[at + 1:] == lines[:at] + lines[at + 1:]  # no other line changed
     assert check_pairing(fmt.native_items(split_lines(after.repaired())), "responses") is None
+
+
+def _conversation(data: bytes) -> list[dict]:
+    fmt = foreign.get("claude-code")
+    return [{k: v for k, v in e.items() if k not in ("seq", "ts")} for e in fmt.events(split_lines(data))]
+
+
+def _chain(data: bytes) -> list[int]:
+    """The line indexes of the conversation Claude Code resumes, root first."""
+    return foreign.get("claude-code")._chain(foreign.claude_code._Tree(split_lines(data)))
+
+
+def _cut_links(lines: list[bytes]) -> list[tuple[int, bytes, bytes]]:
+    """For every entry of the healthy transcript chained to a parent: (its line, the line
+    with a parentUuid that names no entry, the line with the parentUuid key damaged)."""
+    out = []
+    for i, raw in enumerate(lines):
+        obj = json.loads(raw)
+        if isinstance(obj.get("parentUuid"), str) and "uuid" in obj:
+            gone = raw.replace(obj["parentUuid"].encode(), b"ffffffff-0000-4000-8000-00000000dead")
+            out.append((i, gone, raw.replace(b'"parentUuid"', b'"parentUuiD"', 1)))
+    return out
+
+
+@pytest.mark.parametrize("damage", ["dangling", "key"])
+@pytest.mark.parametrize("name", ["healthy.jsonl", "interrupted-parallel.jsonl", "orphan-result.jsonl"])
+def test_claude_a_cut_link_on_the_resumed_conversation_is_relinked_to_the_entry_before_it(name, damage):
+    """A parentUuid that names no entry of the file (a parent the tool never wrote, a line
+    removed) or a damaged parentUuid key cuts the resumed conversation there: Claude Code
+    resumes only what follows. Repair links the entry to the one written before it in the
+    file; where that was its parent, the conversation is exactly the one repair gives
+    without the damage."""
+    path = os.path.join(CLAUDE, name)
+    lines = raw_lines(load(path))
+    fmt = foreign.get("claude-code")
+    whole = _conversation(foreign.examine(b"".join(lines), fmt).repaired())
+    entries = [json.loads(r) for r in lines]
+    relinked = 0
+    for i, gone, key in _cut_links(lines):
+        data = b"".join(lines[:i] + [gone if damage == "dangling" else key] + lines[i + 1:])
+        exam = foreign.examine(data, fmt)
+        if i not in _chain(b"".join(lines)) or entries[i].get("isCompactSummary"):
+            continue  # off the resumed conversation: reported, left alone; a summary starts one
+        relinked += 1
+        assert len(_chain(data)) < len(_chain(b"".join(lines)))  # the damage loses history on resume
+        [finding] = [f for f in exam.findings if f.kind == "relinked"]
+        assert finding.line == i + 1 and exam.status() == Status.REPAIRABLE
+        check_repair(fmt, data, force=False)
+        before = next(j for j in range(i - 1, -1, -1)
+                      if entries[j].get("type") in ("user", "assistant", "system") and "uuid" in entries[j])
+        after = exam.repaired()
+        [line] = [r for r in raw_lines(after) if json.loads(r).get("uuid") == entries[i]["uuid"]]
+        assert json.loads(line)["parentUuid"] in (entries[before]["uuid"], *[
+            json.loads(r)["uuid"] for r in raw_lines(after) if is_answer(r)])  # or the answer repair put after it
+        if entries[i]["parentUuid"] == entries[before]["uuid"]:
+            assert _conversation(after) == whole
+    assert relinked >= 3
+
+
+def test_claude_a_removed_line_does_not_cut_the_conversation_off():
+    """A middle line deleted (here each entry another is chained to): the entries chained
+    to it are linked to the entry before them, repair answers what lost its result, and
+    the resumed conversation still starts where it started."""
+    path = os.path.join(CLAUDE, "healthy.jsonl")
+    lines = raw_lines(load(path))
+    fmt = foreign.get("claude-code")
+    resumed = [json.loads(lines[j])["uuid"] for j in _chain(b"".join(lines))]
+    parents = {json.loads(r).get("parentUuid") for r in lines}
+    for i, raw in enumerate(lines):
+        if json.loads(raw).get("uuid", "none") not in parents:
+            continue
+        data = b"".join(lines[:i] + lines[i + 1:])
+        exam = check_repair(fmt, data, force=False)
+        after = exam.repaired()
+        uuids = [json.loads(raw_lines(after)[j])["uuid"] for j in _chain(after)]
+        answers = {json.loads(r)["uuid"] for r in raw_lines(after) if is_answer(r)}
+        assert set(uuids) - answers == set(resumed) - {json.loads(raw)["uuid"]}, i
+        assert all("resume does not continue" in f.detail for f in foreign.examine(exam.repaired(), fmt).findings)
+
+
+def test_claude_a_cut_link_off_the_resumed_conversation_is_reported_and_left():
+    lines = raw_lines(load(os.path.join(CLAUDE, "healthy.jsonl")))
+    fmt = foreign.get("claude-code")
+    chain = _chain(b"".join(lines))
+    [(i, gone, _)] = [c for c in _cut_links(lines) if c[0] not in chain][:1]
+    data = b"".join(lines[:i] + [gone] + lines[i + 1:])
+    exam = foreign.examine(data, fmt)
+    assert exam.plan.empty and exam.status() == Status.CLEAN
+    [finding] = exam.findings
+    assert finding.kind == "broken-chain" and not finding.repairable and "branch" in finding.detail
+
+
+def test_claude_an_orphan_result_between_a_call_and_its_result_is_kept_as_text_in_place():
+    """An orphan result entry chained between an assistant entry and the entries holding
+    its results: repair turns it into text, and the results after it still belong to
+    the assistant entry (a second repair finds nothing; it used to find the call
+    unanswered and its result an orphan, so `repair` refused its own plan)."""
+    lines = raw_lines(load(os.path.join(CLAUDE, "healthy.jsonl")))
+    result = json.loads(lines[8])
+    assert result["message"]["content"][0]["tool_use_id"] == "toolu_01Deploy"
+    orphan = dict(result, uuid="0000abcd-5a1c-4e7b-9d2f-0c6a3b8e1f99")
+    orphan["message"] = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_ZZ",
+                                                      "content": "from nowhere"}]}
+    lines[8] = lines[8].replace(result["parentUuid"].encode(), orphan["uuid"].encode())
+    lines.insert(8, (json.dumps(orphan, ensure_ascii=False, separators=(",", ":")) + "\n").encode())
+    data = b"".join(lines)
+    fmt = foreign.get("claude-code")
+    exam = check_repair(fmt, data, force=False)
+    assert [f.kind for f in exam.findings] == ["orphan-result"]
+    [kept] = [json.loads(r) for r in raw_lines(exam.repaired()) if orphan["uuid"].encode() + b'","timestamp' in r]
+    assert [b["type"] for b in kept["message"]["content"]] == ["text"] and "from nowhere" in json.dumps(kept)

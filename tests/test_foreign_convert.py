@@ -14,6 +14,7 @@ import pytest
 
 from sessionlog import open_store
 from sessionlog.cli import main
+from sessionlog.events import encode_record
 from sessionlog.projection import check_pairing, project
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
@@ -117,6 +118,20 @@ def test_repaired_imports_the_conversation_repair_would_leave(src, tmp_path, too
     assert check_pairing(project(records, view).items, view) is None
     answers = [r for r in records if r.type == "tool/result" and code_text in r["output"]]
     assert len(answers) == 1
+    # The answers repair wrote are sessionlog's own: an error with its code, synthetic
+    # (format.md); the tool's own results are not.
+    for r in records:
+        if r.type == "tool/result":
+            mine = r["output"].startswith(("TOOL_NOT_STARTED", "TOOL_OUTCOME_UNKNOWN"))
+            assert (r.get("synthetic"), r.get("code")) == ((True, r["output"].partition(":")[0]) if mine else (None, None))
+            assert r["is_error"] is True or not mine
+    assert answers[0]["code"] == code_text
+    # show --format events prints these records as record lines (seq and ts first, compact).
+    out = io.StringIO()
+    assert main(["show", str(path), "--format", "events"], out) == 0
+    assert out.getvalue().encode() == b"".join(
+        encode_record({k: v for k, v in r.to_dict().items() if k != "seq"}, r.seq - 1) + b"\n"
+        for r in records[1:])
     # Idempotent: a second run finds DST holding exactly these records.
     code, [again] = run("convert", "--repaired", str(path), f"jsonl:{tmp_path}/dst")
     assert code == 0 and again["status"] == "skipped" and again["records"] == row["records"]

@@ -13,6 +13,8 @@ so the codes rest on evidence in the file (each format module says what counts):
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 
 TOOL: str = "sessionlog repair"
@@ -40,9 +42,33 @@ def answer_text(name: str, call_id: str, evidence: str | None) -> str:
     )
 
 
+def answered_code(text: str) -> str | None:
+    """The recovery code of an answer :func:`answer_text` wrote (read back from a file
+    sessionlog repaired, or from a repaired view), None for any other output: the
+    conversation's events mark such a result as sessionlog's own (``code``,
+    ``synthetic``), as sessionlog marks the results it writes in its own logs."""
+    for code in (TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED):
+        if text.startswith(f"{code}: the call to tool ") and text.endswith(f"(Answer written by {TOOL}.)"):
+            return code
+    return None
+
+
+def result_event(call_id: str | None, output: str, is_error: bool) -> dict[str, Any]:
+    """The ``tool/result`` event of a foreign tool result; an answer sessionlog wrote is an
+    error with its recovery ``code`` and ``"synthetic": true``."""
+    event: dict[str, Any] = {"type": "tool/result", "call_id": call_id, "output": output, "is_error": is_error}
+    code = answered_code(output)
+    if code is not None:
+        event.update(is_error=True, code=code, synthetic=True)
+    return event
+
+
+ORPHAN_NOTE = f"[{TOOL}: the following is a tool result for call "
+
+
 def orphan_text(call_id: str) -> str:
     """The note that replaces a result whose call is missing, kept as plain text."""
     return (
-        f"[{TOOL}: the following is a tool result for call {call_id}, whose tool call is not in the "
+        f"{ORPHAN_NOTE}{call_id}, whose tool call is not in the "
         "message before it; it is kept here as text so that the conversation stays valid.]"
     )

@@ -39,9 +39,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import Stamps, content_text, str_or_none
-from .answers import answer_code, answer_text, orphan_text
+from .answers import ORPHAN_NOTE, answer_code, answer_text, orphan_text, result_event
 from .lines import Line, decode_line, encode_entry, with_members
-from .plan import BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, UNANSWERED_CALL, Analysis, Finding
+from .plan import (BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, RELINKED, UNANSWERED_CALL, Analysis,
+                   Finding)
 
 CONVERSATION = frozenset({"user", "assistant"})
 ENTRIES = CONVERSATION | {"system", "progress", "attachment"}
@@ -55,6 +56,7 @@ COPIED = ("isSidechain", "userType", "entrypoint", "cwd", "sessionId", "version"
           "agentId", "slug")
 """Members the answer entry copies from the entry that asked, in Claude Code's order."""
 EVIDENCE_KEYS = ("toolUseID", "parentToolUseID", "tool_use_id")
+_MISSING = object()
 _NAMESPACE = uuidlib.UUID("4f1d3c52-6b0e-4c8a-9a53-5e55107a0c13")
 
 
@@ -80,8 +82,13 @@ def _result_id(block: Mapping[str, Any]) -> str:
 
 
 def _is_result_entry(obj: Mapping[str, Any]) -> bool:
+    """A user entry of tool results: one with a ``tool_result`` block, or with a result
+    repair kept as text (its orphan note): it stays where results are, so the results
+    chained after it still reach the assistant entry that asked for them."""
     return obj.get("type") == "user" and any(
-        isinstance(b, Mapping) and b.get("type") == "tool_result" for b in _blocks(obj))
+        isinstance(b, Mapping) and (b.get("type") == "tool_result" or (
+            b.get("type") == "text" and isinstance(b.get("text"), str) and b["text"].startswith(ORPHAN_NOTE)))
+        for b in _blocks(obj))
 
 
 def _passes_through(obj: Mapping[str, Any]) -> bool:
@@ -258,6 +265,30 @@ _UUID = re.compile(rb'"uuid":"([0-9A-Za-z_-]{1,100})"')
 _PARENT = re.compile(rb'\{"parentUuid":(null|"([0-9A-Za-z_-]{1,100})")')
 
 
+def _lost_links(tree: _Tree, lines: Sequence[Line]) -> dict[str, str | None]:
+    """The undecodable lines whose bytes still name their ``uuid`` and ``parentUuid``
+    (an entry the file no longer holds): uuid -> parent."""
+    links: dict[str, str | None] = {}
+    for line in lines:
+        above = _PARENT.match(line.raw) if line.obj is None and not line.blank else None
+        found = _UUID.findall(line.raw) if above is not None else []
+        if found:
+            uid = found[-1].decode("utf-8", "replace")
+            if uid not in tree.by_uuid:
+                links[uid] = None if above.group(1) == b"null" else above.group(2).decode("utf-8", "replace")
+    return links
+
+
+def _past_lost(parent: Any, links: dict[str, str | None]) -> Any:
+    """``parent``, or when it is a lost entry (:func:`_lost_links`), the nearest ancestor
+    of it that is not."""
+    for _ in range(len(links)):
+        if not isinstance(parent, str) or parent not in links:
+            break
+        parent = links[parent]
+    return parent
+
+
 def _reparented(line: Line, new_parent: str | None) -> bytes:
     """``line`` with ``parentUuid`` set to ``new_parent``: the one member changed in
     place when the bytes allow it, else the object re-encoded (members in order)."""
@@ -322,6 +353,105 @@ class ClaudeCode:
     # --- scan and plan -------------------------------------------------------------------
 
     def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis:
+        links = self._relinks(lines, lost)
+        if not links:
+            return self._analyze(lines, lost)
+        relinked = list(lines)
+        for index, parent in links.items():
+            line = lines[index]
+            relinked[index] = Line(line.index, line.offset, _reparented(line, parent),
+                                   {**(line.obj or {}), "parentUuid": parent})
+        analysis = self._analyze(relinked, lost)
+        for index, parent in links.items():
+            analysis.plan.replace.setdefault(index, relinked[index].raw)
+            old = (lines[index].obj or {}).get("parentUuid", _MISSING)
+            what = (f"parentUuid {old} names no entry of this file" if isinstance(old, str)
+                    else "the entry has no parentUuid" if old is _MISSING else f"parentUuid {old!r} is not a uuid")
+            analysis.findings.append(Finding(
+                RELINKED, lines[index].number,
+                f"{what}, so resume loses everything before line {lines[index].number}; repair links it to "
+                f"line {lines[self._tree_index(lines, parent)].number}, the entry before it in the file "
+                "(Claude Code writes an entry after its parent)"))
+        analysis.findings.sort(key=lambda f: f.line)
+        return analysis
+
+    @staticmethod
+    def _tree_index(lines: list[Line], uid: str) -> int:
+        return next(line.index for line in lines if line.obj is not None and line.obj.get("uuid") == uid)
+
+    def _relinks(self, lines: list[Line], lost: Sequence[Line]) -> dict[int, str]:
+        """New parents for the entries where the resumed conversation is cut off: walking
+        back from the leaf, an entry whose ``parentUuid`` names no entry of the file (a
+        parent the tool never wrote, a line lost or removed) or that has no ``parentUuid``
+        at all (a damaged key) ends the conversation there, and everything before it is
+        lost on resume. Each such entry is given the conversation entry written before
+        it in the file (same sidechain, never across a ``compact_boundary``, never one
+        of its own descendants), and the walk goes on from there. A compaction summary
+        (``isCompactSummary``) whose boundary is missing is not: it starts the
+        conversation, as it does after its boundary. An explicit null is a
+        root and stays one; a parent whose undecodable line still names its own parent is left
+        to :meth:`_reattach_children_of_lost`."""
+        tree = _Tree(lines)
+        chain = self._chain(tree)
+        if not chain:
+            return {}
+        # Undecodable lines whose bytes still name their parent: the entries chained to
+        # them are re-attached past them (_reattach_children_of_lost).
+        named = _lost_links(tree, [*lines, *lost])
+        position = {index: at for at, index in enumerate(tree.entries)}
+        up: dict[int, int] = {}
+        on = set(chain)
+        root = chain[0]
+        links: dict[int, str] = {}
+        while True:
+            parent = tree.obj(root).get("parentUuid", _MISSING)
+            if tree.obj(root).get("isCompactSummary") is True:
+                return links  # its compact_boundary was lost: the summary starts the conversation, as after one
+            past = _past_lost(parent, named)
+            if past is None or (isinstance(past, str) and past in named):
+                return links
+            if isinstance(past, str) and past in tree.by_uuid:
+                if past == parent:
+                    return links  # the walk stopped at a cycle: nothing to link
+                target = tree.by_uuid[past]  # re-attached past the undecodable lines
+            else:
+                found = self._predecessor(tree, root, position, on, up)
+                if found is None:
+                    return links
+                target = found
+                links[root] = str(tree.obj(target)["uuid"])
+            up[root] = target
+            node: int | None = target
+            while node is not None and node not in on:
+                on.add(node)
+                root = node
+                node = up.get(node, tree.parent(node))
+
+    @staticmethod
+    def _predecessor(tree: _Tree, root: int, position: dict[int, int], on: set[int],
+                     up: dict[int, int]) -> int | None:
+        """The entry ``root`` is re-linked to: the nearest user, assistant or system entry
+        before it in the file on its side (main conversation or the same sidechain),
+        whose own ancestors do not lead back into the conversation below it."""
+        side = (tree.obj(root).get("isSidechain") is True, tree.obj(root).get("agentId"))
+        for index in reversed(tree.entries[:position[root]]):
+            obj = tree.obj(index)
+            if _kind(obj) not in CONVERSATION and _kind(obj) != "system":
+                continue
+            if (obj.get("isSidechain") is True, obj.get("agentId")) != side:
+                continue
+            seen: set[int] = set()
+            node: int | None = index
+            while node is not None and node not in on and node not in seen:
+                seen.add(node)
+                node = up.get(node, tree.parent(node))
+            if node is None:
+                return index
+            if obj.get("subtype") == "compact_boundary":
+                return None
+        return None
+
+    def _analyze(self, lines: list[Line], lost: Sequence[Line]) -> Analysis:
         tree = _Tree(lines)
         groups, bad = _groups(tree)
         analysis = Analysis()
@@ -377,9 +507,10 @@ class ClaudeCode:
                 f"tool_result for {rid!r} " + ("answers no tool_use of the message before it"
                                                if kind == ORPHAN_RESULT else "repeats an earlier answer")
                 + "; repair keeps it as a text block", call_id=rid))
+        named = _lost_links(tree, [*lines, *lost])
         for line in [*lines, *lost]:  # an undecodable line, or the torn bytes cut from a glued one
             if line.obj is None and not line.blank:
-                self._reattach_children_of_lost(tree, line, new_parent, analysis)
+                self._reattach_children_of_lost(tree, line, named, new_parent, analysis)
         for index in sorted(set(new_parent) | set(orphans)):
             if index in orphans:
                 obj = tree.obj(index)
@@ -389,38 +520,43 @@ class ClaudeCode:
                 plan.replace[index] = with_members(lines[index], changes)
             else:
                 plan.replace[index] = _reparented(lines[index], new_parent[index])
+        resumed = set(self._chain(tree))
         for index in tree.entries:
-            parent = new_parent.get(index, tree.obj(index).get("parentUuid"))
-            if isinstance(parent, str) and parent not in tree.by_uuid and parent not in inserted:
-                analysis.findings.append(Finding(
-                    BROKEN_CHAIN, lines[index].number,
-                    f"parentUuid {parent} names no entry of this file: resume loses what came before",
-                    repairable=False))
+            parent = new_parent.get(index, tree.obj(index).get("parentUuid", _MISSING))
+            if parent is None or (isinstance(parent, str) and (parent in tree.by_uuid or parent in inserted)) \
+                    or tree.obj(index).get("isCompactSummary") is True:
+                continue  # a compaction summary starts the conversation whether or not its boundary is there
+            what = (f"parentUuid {parent} names no entry of this file" if isinstance(parent, str)
+                    else "the entry has no parentUuid" if parent is _MISSING else f"parentUuid {parent!r} is not a uuid")
+            where = ("resume loses what came before" if index in resumed
+                     else "on a branch resume does not continue; left as it is")
+            analysis.findings.append(Finding(BROKEN_CHAIN, lines[index].number, f"{what}: {where}",
+                                             repairable=False))
         return analysis
 
     @staticmethod
-    def _reattach_children_of_lost(tree: _Tree, line: Line, new_parent: dict[int, str | None],
-                                   analysis: Analysis) -> None:
+    def _reattach_children_of_lost(tree: _Tree, line: Line, named: dict[str, str | None],
+                                   new_parent: dict[int, str | None], analysis: Analysis) -> None:
         """An undecodable line is cut (the tail) or, with force, removed (mid-log): the
         entries chained to it would lose everything above them on resume. When its own
-        ``uuid`` and ``parentUuid`` can still be read from its bytes, they are re-attached
-        to its parent."""
-        lost = _UUID.findall(line.raw)
-        above = _PARENT.match(line.raw)
-        if not lost or above is None:
+        ``uuid`` and ``parentUuid`` can still be read from its bytes (``named``), they are
+        re-attached to its parent (or, when that line is lost too, the nearest ancestor
+        the file still holds)."""
+        lost = _UUID.findall(line.raw) if _PARENT.match(line.raw) else []
+        if not lost:
             return
         uid = lost[-1].decode("utf-8", "replace")
         kids = [k for k in tree.children.get(uid, ()) if k not in new_parent]
-        if not kids or uid in tree.by_uuid:
+        if not kids or uid not in named:
             return
-        parent = None if above.group(1) == b"null" else above.group(2).decode("utf-8", "replace")
+        parent = _past_lost(uid, named)
         for kid in kids:
             new_parent[kid] = parent
         analysis.findings.append(Finding(
             REATTACHED, line.number,
             f"line {line.number} does not decode and {len(kids)} entr{'y' if len(kids) == 1 else 'ies'} "
             f"chained to it (uuid {uid}) would lose what came before on resume; repair re-attaches them to "
-            f"its parent {parent}"))
+            f"its parent {parent}" + ("" if parent == named[uid] else " (the nearest ancestor the file still holds)")))
 
     # --- views ---------------------------------------------------------------------------
 
@@ -549,8 +685,8 @@ class ClaudeCode:
             others = []
             for b in blocks:
                 if isinstance(b, Mapping) and b.get("type") == "tool_result":
-                    add({"type": "tool/result", "call_id": str_or_none(b.get("tool_use_id")),
-                         "output": content_text(b.get("content")), "is_error": b.get("is_error") is True})
+                    add(result_event(str_or_none(b.get("tool_use_id")), content_text(b.get("content")),
+                                     b.get("is_error") is True))
                 else:
                     others.append(b)
             text = content_text(others)

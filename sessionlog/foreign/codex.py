@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import Stamps, content_text, str_or_none
-from .answers import answer_code, answer_text
+from .answers import answer_code, answer_text, result_event
 from .lines import Line, encode_entry, with_members
 from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
 
@@ -277,8 +277,7 @@ class Codex:
                 continue
             open_message = None
             if kind in OUTPUTS:
-                add({"type": "tool/result", "call_id": str_or_none(item.get("call_id")), "output": _output_text(item),
-                     "is_error": False})
+                add(result_event(str_or_none(item.get("call_id")), _output_text(item), False))
             elif kind == "message" and item.get("role") in ("user", "assistant"):
                 text = content_text(item.get("content"))
                 if item.get("role") == "user":

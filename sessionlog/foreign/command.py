@@ -337,8 +337,9 @@ def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> 
 def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextIO) -> int:
     """Print the view of the file as repair would leave it (nothing written). ``--check``
     judges that view with the pairing checker of ``view_format`` and the tool's own
-    conversation (as it would resume it) with the checker of its provider: exit 1 on a
-    violation. A file that needs repair is noted on stderr."""
+    conversation as it would resume it from the repaired file with the checker of its
+    provider: exit 1 on a violation (a repair that would not leave a valid conversation).
+    The file as it is is judged by scan; a file that needs repair is noted on stderr."""
     if len(target.files) != 1:
         raise ForeignUsageError(f"{target.root}: show needs exactly one file (found {len(target.files)})")
     path, fmt = target.files[0]
@@ -357,8 +358,9 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
     lines = exam.repaired_lines()
     events = fmt.events(lines)
     if view_format == "events":
-        for event in events:
-            out.write(dumps(event) + "\n")
+        for event in events:  # as a record line: seq and ts first, compact
+            record = {"seq": event["seq"], "ts": event["ts"]} | event
+            out.write(dumps(record, separators=(",", ":")) + "\n")
         return exits.OK
     view = project(events, view_format)
     for issue in view.issues:

@@ -22,8 +22,11 @@ MISSING_NEWLINE = "missing-newline"
 GLUED_LINE = "glued-line"
 REATTACHED = "reattached"
 BROKEN_CHAIN = "broken-chain"
-"""A ``parentUuid`` naming no entry of the file: resume loses the history before it.
-Reported, never guessed at."""
+"""A ``parentUuid`` naming no entry of the file (or none at all) off the conversation
+resume continues, or with no entry before it to link to: reported, not changed."""
+RELINKED = "relinked"
+"""An entry of the resumed conversation whose parent is not in the file: repair links it
+to the entry written before it (Claude Code)."""
 
 
 @dataclass(frozen=True, slots=True)
