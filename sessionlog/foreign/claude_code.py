@@ -399,6 +399,9 @@ class ClaudeCode:
         # them are re-attached past them (_reattach_children_of_lost).
         named = _lost_links(tree, [*lines, *lost])
         position = {index: at for at, index in enumerate(tree.entries)}
+        parents = {tree.by_uuid[p] for p, kids in tree.children.items() if kids and p in tree.by_uuid}
+        parents |= {tree.by_uuid[a] for uid in named if tree.children.get(uid)
+                    if isinstance(a := _past_lost(uid, named), str) and a in tree.by_uuid}
         up: dict[int, int] = {}
         on = set(chain)
         root = chain[0]
@@ -415,12 +418,13 @@ class ClaudeCode:
                     return links  # the walk stopped at a cycle: nothing to link
                 target = tree.by_uuid[past]  # re-attached past the undecodable lines
             else:
-                found = self._predecessor(tree, root, position, on, up)
+                found = self._predecessor(tree, root, position, on, up, parents)
                 if found is None:
                     return links
                 target = found
                 links[root] = str(tree.obj(target)["uuid"])
             up[root] = target
+            parents.add(target)
             node: int | None = target
             while node is not None and node not in on:
                 on.add(node)
@@ -429,10 +433,13 @@ class ClaudeCode:
 
     @staticmethod
     def _predecessor(tree: _Tree, root: int, position: dict[int, int], on: set[int],
-                     up: dict[int, int]) -> int | None:
+                     up: dict[int, int], parents: set[int]) -> int | None:
         """The entry ``root`` is re-linked to: the nearest user, assistant or system entry
-        before it in the file on its side (main conversation or the same sidechain),
-        whose own ancestors do not lead back into the conversation below it."""
+        before it in the file on its side (main conversation or the same sidechain) that
+        is no entry's parent (``parents``: the tool chains each entry to the one it wrote
+        last, which had no child yet; a fork could split an assistant message over two
+        branches), and whose own ancestors do not lead back into the conversation below
+        it."""
         side = (tree.obj(root).get("isSidechain") is True, tree.obj(root).get("agentId"))
         for index in reversed(tree.entries[:position[root]]):
             obj = tree.obj(index)
@@ -445,7 +452,7 @@ class ClaudeCode:
             while node is not None and node not in on and node not in seen:
                 seen.add(node)
                 node = up.get(node, tree.parent(node))
-            if node is None:
+            if node is None and index not in parents:
                 return index
             if obj.get("subtype") == "compact_boundary":
                 return None
