@@ -190,6 +190,8 @@ def _directory(text: str, path: str, session: str | None, *, scheme: str | None 
             raise InvalidStoreUrl(f"{text}: holds both *.jsonl and *.jsonl.zst logs; name one with a URL")
         scheme = found.pop()
     suffix = next(s for s, sch in FILE_SCHEMES.items() if sch == scheme)
+    if url is not None and session is None:
+        _other_backend(text, path, names, scheme)
     shown = text if url is None else path
     url = url or f"{scheme}:{path}"
     if session is not None:
@@ -210,6 +212,23 @@ def _directory(text: str, path: str, session: str | None, *, scheme: str | None 
     skip = frozenset(_stem(t.file_name or "", scheme) or "" for t in renamed)
     return [StoreTarget(text, url, skip=skip), *renamed]
 
+
+
+def _other_backend(text: str, path: str, names: list[str], scheme: str) -> None:
+    """TargetNotFound for a ``jsonl:``/``zstd:`` URL naming a directory that holds no log
+    of that backend but logs of the other one: the URL names nothing there, and an
+    empty answer (no sessions, exit 0) would hide the mistake."""
+    def logs(of: str) -> list[str]:
+        return [n for n in names if not n.startswith(".") and _stem(n, of) is not None]
+
+    if logs(scheme):
+        return
+    other = "zstd" if scheme == "jsonl" else "jsonl"
+    found = logs(other)
+    if found:
+        suffix = next(s for s, sch in FILE_SCHEMES.items() if sch == other)
+        raise TargetNotFound(f"{text}: {path} holds no {scheme} logs but {len(found)} *{suffix} "
+                             f"log(s): name it {other}:{path.rstrip('/') or '/'}")
 
 
 def read_header(path: str, scheme: str) -> Header:

@@ -596,3 +596,23 @@ def test_scan_json_also_writes_an_error_to_standard_error(capsys):
     [row] = json_lines(out)
     assert code == 4 and row["status"] == "unsupported"
     assert "sessionlog/9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["scan", "repair", "show", "convert", "compact"])
+def test_a_url_naming_the_other_backends_directory_says_so(fixtures_copy, tmp_path, capsys, command):
+    """zstd:DIR where DIR holds only *.jsonl logs (or jsonl:DIR of *.jsonl.zst) names no
+    session: exit 4 naming the URL that would, never a quiet empty answer; nothing written."""
+    before = {p.name: p.read_bytes() for p in fixtures_copy.iterdir()}
+    args = [command, f"zstd:{fixtures_copy}"] + ([f"jsonl:{tmp_path / 'dst'}"] if command == "convert" else [])
+    code, out = run(*args)
+    err = capsys.readouterr().err
+    assert code == 4 and f"name it jsonl:{fixtures_copy}" in err and out == ""
+    assert {p.name: p.read_bytes() for p in fixtures_copy.iterdir()} == before
+    assert not (tmp_path / "dst").exists()
+    # The other way round, and an empty directory is still an empty store.
+    zdir = tmp_path / "z"
+    code, _ = run("convert", f"jsonl:{fixtures_copy}", f"zstd:{zdir}", "--repaired", "--force")
+    code, out = run("scan", f"jsonl:{zdir}")
+    assert code == 4 and f"name it zstd:{zdir}" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert run("scan", f"zstd:{tmp_path / 'empty'}") == (0, "")
