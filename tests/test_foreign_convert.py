@@ -205,3 +205,22 @@ def test_a_file_a_live_process_holds_open_is_locked(src, tmp_path):
         child.wait()
     code, [row] = run("convert", str(path), f"jsonl:{tmp_path}/dst")
     assert code == 0 and row["status"] == "converted"
+
+
+def test_two_files_naming_one_session_say_which_and_how_to_import_the_second(tmp_path):
+    """The checked-in Codex rollouts share one session id (variants of one session): the
+    first is imported, each later one is 'exists' (exit 4, nothing overwritten) with a
+    reason naming the file imported under that id and the command that imports it."""
+    code, rows = run("convert", "--repaired", os.path.join(FIXTURES, "codex"), f"jsonl:{tmp_path}/dst")
+    assert code == 4
+    [first, *later] = rows
+    assert first["status"] == "converted" and later and {r["status"] for r in later} == {"exists"}
+    names = sorted(n for n in os.listdir(os.path.join(FIXTURES, "codex")))
+    for name, row in zip(names[1:], later, strict=True):
+        assert f"which {os.path.join(FIXTURES, 'codex', names[0])} also names" in row["reason"]
+        assert f"convert {os.path.join(FIXTURES, 'codex', name)} DIR/<id>.jsonl" in row["reason"]
+    with open_store(f"jsonl:{tmp_path}/dst") as store:
+        assert store.sessions() == [first["session"]]
+    # The command it names imports the file under the new id.
+    code, [row] = run("convert", "--repaired", os.path.join(FIXTURES, "codex", names[1]), f"{tmp_path}/dst/second.jsonl")
+    assert code == 0 and row["status"] == "converted" and row["session"] == "second"

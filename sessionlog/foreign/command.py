@@ -486,8 +486,15 @@ def convert_target(target: ForeignTarget, dst_text: str, *, repaired: bool, forc
     held = open_files()
     with Destination(dst_url) as dst, _progress("converting", len(target.files)) as advance:
         results = []
+        written: dict[str, str] = {}  # session -> the file of this run it was imported from
         for path, fmt in target.files:
-            results.append(convert_file(path, fmt, dst, repaired=repaired, force=force, session=dst_session,
-                                        held=held))
+            result = convert_file(path, fmt, dst, repaired=repaired, force=force, session=dst_session, held=held)
+            if result.status == "exists" and result.session in written:
+                result.reason = (f"{path} names session {result.session!r}, which {written[result.session]} "
+                                 "also names and was imported as; not overwritten. Import this file under "
+                                 f"another id: sessionlog convert {path} DIR/<id>.jsonl")
+            elif result.status in ("converted", "skipped"):
+                written.setdefault(result.session, path)
+            results.append(result)
             advance(1)
         return results
