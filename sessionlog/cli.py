@@ -393,6 +393,11 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
     if rows:
         console(out).print(table)
     for row in rows:
+        d = row["damage"]
+        if d is not None and d.get("reason"):
+            where = "row" if row["path"] is None else "offset"  # a SQL store's damage is at a row
+            console(out).print(f"{row['path'] or row['session']}: {d['kind']} at {where} {d['offset']}: {d['reason']}",
+                               markup=False, soft_wrap=True)
         for name in row.get("unmarked_quarantines", ()):
             console(out).print(f"{row['session']}: {name} holds bytes cut from the log that no log/truncated "
                                "record names (a repair stopped after its cut); repair appends the marker",

@@ -224,6 +224,7 @@ class Damage:
             "offset": self.offset,
             "length": self.length,
             "records_after": self.records_after,
+            "reason": self.reason,
         }
 
 

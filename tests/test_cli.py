@@ -616,3 +616,20 @@ def test_a_url_naming_the_other_backends_directory_says_so(fixtures_copy, tmp_pa
     assert code == 4 and f"name it zstd:{zdir}" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert run("scan", f"zstd:{tmp_path / 'empty'}") == (0, "")
+
+
+def test_scan_says_why_each_damaged_log_is_damaged(fixtures_copy):
+    """The damage's reason (what repair refuses with) is in the scan row and below the
+    table, one line per damaged log naming its file and offset."""
+    code, out = run("scan", str(fixtures_copy), "--json")
+    rows = {r["session"]: r for r in json_lines(out)}
+    code, table = run("scan", str(fixtures_copy))
+    for name, (status, kind, *_) in EXPECTED.items():
+        damage = rows[name]["damage"]
+        if kind is None:
+            assert damage is None
+            continue
+        assert damage["kind"] == kind and damage["reason"]
+        line = f"{rows[name]['path']}: {kind} at offset {damage['offset']}: {damage['reason']}"
+        assert line in table.splitlines(), line
+    assert rows["mid-log"]["damage"]["reason"] == "invalid UTF-8 at byte 43"

@@ -28,7 +28,7 @@ def test_demo_prints_whole_json_and_no_path_it_deletes():
 def test_demo_keep_prints_paths_that_exist(tmp_path):
     r = run_demo("--keep")
     assert r.returncode == 0, r.stderr
-    paths = re.findall(r"/[^\s\"']*sessionlog-demo-[^\s\"']*", r.stdout)
+    paths = re.findall(r"/[^\s\"':]*sessionlog-demo-[^\s\"':]*", r.stdout)
     assert any(p.endswith(".quarantine") for p in paths)
     try:
         for path in paths:
