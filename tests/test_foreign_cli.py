@@ -306,3 +306,13 @@ def test_a_forced_input_format_that_the_content_contradicts_is_a_usage_error(cap
         assert code == 2 and f"--input-format {forced}, but its content is" in capsys.readouterr().err
         assert open(path, "rb").read() == before
     assert main(["scan", "--input-format", "claude-code", claude], io.StringIO()) == 1  # what it is: read
+
+
+@pytest.mark.parametrize("tool", ["claude-code", "codex"])
+def test_show_of_a_torn_file_warns_that_the_view_leaves_its_last_line_out(tool, capsys):
+    path = os.path.join(FIXTURES, tool, "torn.jsonl")
+    code, _ = run("show", path, "--format", "events")
+    err = capsys.readouterr().err
+    assert code == 0 and f"warning: {path}: torn at offset" in err and "damaged last line" in err
+    code, _ = run("show", os.path.join(FIXTURES, tool, "healthy.jsonl"), "--format", "events")
+    assert code == 0 and "warning" not in capsys.readouterr().err

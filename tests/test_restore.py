@@ -160,3 +160,33 @@ def test_salvage_keeps_records_after_a_bad_frame_with_a_marker(tmp_path):
     assert marker["type"] == "log/truncated" and marker["dropped_seqs"] == [11, 11] and marker["reason"] == "salvage"
     assert recs[11]["salvaged_seq"] == 12 and recs[11]["content"].startswith("m10 ")
     assert [r.raw for r in recs[:10]] == [r.raw for r in list(read_prefix(store, "s1"))[:10]]  # byte for byte
+
+
+def test_the_by_hand_restore_in_damage_md_gives_back_the_log_and_leaves_no_unmarked_cut(tmp_path):
+    """docs/damage.md's shell steps, run as written (with this repair's quarantine name and
+    offset): the log is again the bytes it was before the repair, and a scan afterwards
+    reports no quarantine that no log/truncated names (the next repair would mark it)."""
+    import re
+    import subprocess
+    import sys
+
+    with open(os.path.join(os.path.dirname(FIXTURES), "docs", "damage.md"), encoding="utf-8") as f:
+        doc = f.read()
+    [script] = [b for b in re.findall(r"```sh\n(.*?)```", doc, re.S) if "head -c" in b]
+    store = tmp_path / "store"
+    store.mkdir()
+    original = open(os.path.join(FIXTURES, "torn.jsonl"), "rb").read()
+    (store / "s1.jsonl").write_bytes(original)
+    code, [row] = run("repair", str(store / "s1.jsonl"))
+    assert code == 0 and row["status"] == "repaired"
+    q = os.path.basename(row["quarantine"])
+    offset = int(q.split(".")[2])
+    script = re.sub(r"^q=.*$", f"q={q}", script, flags=re.M)
+    script = re.sub(r"^offset=.*$", f"offset={offset}", script, flags=re.M)
+    script = script.replace("cd STORE_DIR", f"cd {store}")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (store / "s1.jsonl").read_bytes() == original
+    code, [after] = run("scan", str(store / "s1.jsonl"))
+    assert after["unmarked_quarantines"] == [] and after["damage"]["kind"] == "torn"

@@ -348,9 +348,9 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
     snap = read(path)
     exam = examine(snap.data, fmt, force=True)
     damage = exam.tail_damage
-    if exam.needs_force and damage is not None:
-        print(f"warning: {path}: {damage.kind} at offset {damage.offset}; showing the file without the "
-              "undecodable lines", file=sys.stderr)
+    if damage is not None:
+        print(f"warning: {path}: {damage.kind} at offset {damage.offset} ({damage.reason}); showing the file "
+              f"without {'the undecodable lines' if exam.needs_force else 'its damaged last line'}", file=sys.stderr)
     as_is = check_pairing(fmt.native_items(exam.lines), fmt.native_view)
     if as_is is not None:
         print(f"note: {path} as it is fails the {fmt.native_view} pairing check ({as_is.message}); "
