@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from . import InvalidStoreUrl, __version__, exits
+from . import InvalidStoreUrl, __version__, exits, scheme_of
 from .contract import (
     DamageKind,
     EventStore,
@@ -38,7 +38,7 @@ from .contract import (
     read_prefix,
 )
 from .events import LOG_TRUNCATED
-from .targets import STDIN, StoreTarget, TargetNotFound, close_opened, resolve, stdin_log
+from .targets import STDIN, StoreTarget, TargetNotFound, close_opened, local_path, resolve, stdin_log
 from .terminal import console
 
 EXIT_OK, EXIT_REPAIRABLE, EXIT_USAGE = exits.OK, exits.REPAIRABLE, exits.USAGE
@@ -336,6 +336,7 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
     store = _open(target, args, out, codes, writing=False)
     if store is None:
         return
+    sql = scheme_of(target.url) in ("sqlite", "postgresql")
     with store:
         ids = target.sessions(store)
         sizes = {sid: _session_bytes(store, sid) for sid in ids}
@@ -346,7 +347,8 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
                 except SessionLogError as exc:
                     row = scan_row(sid, None, exc)
                     row["path"] = row["path"] or _path_of(store, sid)
-                row["path"] = _shown_path(target, row["path"])
+                # A SQL session lives in the database: a SQLite store's path is its file.
+                row["path"] = _shown_path(target, row["path"] or (local_path(target.url) if sql else None))
                 if target.note:
                     row["note"] = target.note
                 codes.append(_row_exit(row))
@@ -355,7 +357,7 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
                     if "error" in row:  # errors go to standard error, with --json too
                         note(f"{sid}: {row['error']}")
                 else:
-                    rows.append(row)
+                    rows.append({**row, "_offset_is": "row" if sql else "offset"})
                 meter.advance(sizes[sid])
 
 
@@ -395,7 +397,7 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
     for row in rows:
         d = row["damage"]
         if d is not None and d.get("reason"):
-            where = "row" if row["path"] is None else "offset"  # a SQL store's damage is at a row
+            where = row.get("_offset_is", "offset")  # a SQL store's damage is at a row
             console(out).print(f"{row['path'] or row['session']}: {d['kind']} at {where} {d['offset']}: {d['reason']}",
                                markup=False, soft_wrap=True)
         for name in row.get("unmarked_quarantines", ()):

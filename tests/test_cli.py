@@ -633,3 +633,18 @@ def test_scan_says_why_each_damaged_log_is_damaged(fixtures_copy):
         line = f"{rows[name]['path']}: {kind} at offset {damage['offset']}: {damage['reason']}"
         assert line in table.splitlines(), line
     assert rows["mid-log"]["damage"]["reason"] == "invalid UTF-8 at byte 43"
+
+
+def test_a_sqlite_sessions_scan_row_names_the_database_file_and_its_damage_is_at_a_row(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    assert run("convert", os.path.join(FIXTURES, "healthy.jsonl"), f"sqlite:///{db}")[0] == 0
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE sessionlog_records SET record = ? WHERE seq = 21", (b'{"seq":21,"ts":1,"type"',))
+    for target in (f"sqlite:///{db}", str(db)):
+        code, out = run("scan", target, "--json")
+        [row] = json_lines(out)
+        assert row["path"] == str(db) and row["damage"]["kind"] == "corrupt"
+        code, table = run("scan", target)
+        assert f"{db}: corrupt at row {row['damage']['offset']}: {row['damage']['reason']}" in table.splitlines()
