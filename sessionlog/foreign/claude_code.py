@@ -362,6 +362,8 @@ class ClaudeCode:
             relinked[index] = Line(line.index, line.offset, _reparented(line, parent),
                                    {**(line.obj or {}), "parentUuid": parent})
         analysis = self._analyze(relinked, lost)
+        line_of = {line.obj["uuid"]: line.number for line in reversed(lines)
+                   if line.obj is not None and isinstance(line.obj.get("uuid"), str) and _kind(line.obj) in ENTRIES}
         for index, parent in links.items():
             analysis.plan.replace.setdefault(index, relinked[index].raw)
             old = (lines[index].obj or {}).get("parentUuid", _MISSING)
@@ -370,14 +372,10 @@ class ClaudeCode:
             analysis.findings.append(Finding(
                 RELINKED, lines[index].number,
                 f"{what}, so resume loses everything before line {lines[index].number}; repair links it to "
-                f"line {lines[self._tree_index(lines, parent)].number}, the entry before it in the file "
+                f"line {line_of[parent]}, the entry before it in the file "
                 "(Claude Code writes an entry after its parent)"))
         analysis.findings.sort(key=lambda f: f.line)
         return analysis
-
-    @staticmethod
-    def _tree_index(lines: list[Line], uid: str) -> int:
-        return next(line.index for line in lines if line.obj is not None and line.obj.get("uuid") == uid)
 
     def _relinks(self, lines: list[Line], lost: Sequence[Line]) -> dict[int, str]:
         """New parents for the entries where the resumed conversation is cut off: walking
@@ -441,7 +439,8 @@ class ClaudeCode:
         branches), and whose own ancestors do not lead back into the conversation below
         it."""
         side = (tree.obj(root).get("isSidechain") is True, tree.obj(root).get("agentId"))
-        for index in reversed(tree.entries[:position[root]]):
+        for at in range(position[root] - 1, -1, -1):
+            index = tree.entries[at]
             obj = tree.obj(index)
             if _kind(obj) not in CONVERSATION and _kind(obj) != "system":
                 continue
