@@ -339,6 +339,8 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
     sql = scheme_of(target.url) in ("sqlite", "postgresql")
     with store:
         ids = target.sessions(store)
+        if not ids and not target.skip:
+            note(f"{target.text}: no sessions")  # an empty store, not a silent success
         sizes = {sid: _session_bytes(store, sid) for sid in ids}
         with progress(args, "scanning", sum(sizes.values()) or None, by_reads=True) as meter:
             for sid in ids:

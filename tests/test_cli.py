@@ -616,6 +616,7 @@ def test_a_url_naming_the_other_backends_directory_says_so(fixtures_copy, tmp_pa
     assert code == 4 and f"name it zstd:{zdir}" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert run("scan", f"zstd:{tmp_path / 'empty'}") == (0, "")
+    assert f"zstd:{tmp_path / 'empty'}: no sessions" in capsys.readouterr().err  # said, not silent
 
 
 def test_scan_says_why_each_damaged_log_is_damaged(fixtures_copy):
