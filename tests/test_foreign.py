@@ -706,3 +706,42 @@ def test_claude_an_orphan_result_between_a_call_and_its_result_is_kept_as_text_i
     assert [f.kind for f in exam.findings] == ["orphan-result"]
     [kept] = [json.loads(r) for r in raw_lines(exam.repaired()) if orphan["uuid"].encode() + b'","timestamp' in r]
     assert [b["type"] for b in kept["message"]["content"]] == ["text"] and "from nowhere" in json.dumps(kept)
+
+
+def _entry(uuid, parent, kind="user", **extra):
+    obj = {"parentUuid": parent, "isSidechain": False, "type": kind}
+    obj["message"] = ({"role": "user", "content": f"u-{uuid}"} if kind == "user" else
+                      {"id": f"msg-{uuid}", "role": "assistant", "content": [{"type": "text", "text": f"a-{uuid}"}]})
+    obj.update(extra, uuid=uuid, timestamp="2026-11-30T09:00:00.000Z", sessionId="s")
+    return json.dumps(obj).encode()
+
+
+def test_claude_relink_cases_that_must_stay_sound():
+    """Shapes a review found (each ended badly in the first version of the relink): a cut
+    whose nearest entry's lost parent leads back into the conversation below (examine
+    never returned), a compact_boundary whose parentUuid key is damaged (it was linked to
+    the history before the compaction), and a cut under an entry that has tool progress
+    chained to it (the progress made it look taken, so an abandoned branch was used)."""
+    fmt = foreign.get("claude-code")
+    torn = b'{"parentUuid":"x","isSidechain":false,"type":"user","uuid":"lost","message":{"role":"user","con'
+    looping = [_entry("u1", None), _entry("a1", "u1", "assistant"), torn + _entry("c", "lost"),
+               _entry("r", "never-written", "assistant"), _entry("x", "r"), _entry("z", "x", "assistant")]
+    exam = check_repair(fmt, b"\n".join(looping) + b"\n", force=False)
+    assert "relinked" not in [f.kind for f in exam.findings]
+
+    lines = raw_lines(load(os.path.join(CLAUDE, "healthy.jsonl")))
+    [at] = [i for i, r in enumerate(lines) if b'"compact_boundary"' in r]
+    lines[at] = lines[at].replace(b'"parentUuid"', b'"parentUuie"', 1)
+    exam = check_repair(fmt, b"".join(lines), force=False)
+    assert "relinked" not in [f.kind for f in exam.findings]
+    assert _conversation(exam.repaired())[0]["content"].startswith("This session is being continued")
+
+    progress = json.dumps({"parentUuid": "ask", "isSidechain": False, "type": "progress", "uuid": "p1",
+                           "toolUseID": "t", "timestamp": "2026-11-30T09:00:00.000Z", "sessionId": "s"}).encode()
+    rewound = [_entry("u1", None), _entry("old", "u1"), _entry("old-a", "old", "assistant"), _entry("ask", "u1"),
+               progress, _entry("after", "gone-result", "assistant")]
+    exam = check_repair(fmt, b"\n".join(rewound) + b"\n", force=False)
+    [finding] = [f for f in exam.findings if f.kind == "relinked"]
+    assert finding.line == 6 and "line 4" in finding.detail
+    texts = [b["text"] for m in fmt.native_items(split_lines(exam.repaired())) for b in m["content"]]
+    assert texts == ["u-u1", "u-ask", "a-after"]  # not the abandoned "old" branch

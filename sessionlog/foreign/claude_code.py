@@ -382,43 +382,57 @@ class ClaudeCode:
         back from the leaf, an entry whose ``parentUuid`` names no entry of the file (a
         parent the tool never wrote, a line lost or removed) or that has no ``parentUuid``
         at all (a damaged key) ends the conversation there, and everything before it is
-        lost on resume. Each such entry is given the conversation entry written before
-        it in the file (same sidechain, never across a ``compact_boundary``, never one
-        of its own descendants), and the walk goes on from there. A compaction summary
-        (``isCompactSummary``) whose boundary is missing is not: it starts the
-        conversation, as it does after its boundary. An explicit null is a
-        root and stays one; a parent whose undecodable line still names its own parent is left
-        to :meth:`_reattach_children_of_lost`."""
+        lost on resume. Such an entry is given the user, assistant or system entry written
+        just before it in the file on its side (main conversation or the same sidechain;
+        progress and attachment entries are passed over), and the walk goes on from there.
+        Only that one entry is considered, and only when it has no conversation child yet
+        (the tool chains each entry to the one it wrote last; a fork could split an
+        assistant message over two branches) and its ancestors do not lead back into the
+        conversation below: otherwise the cut is reported, not guessed at. An explicit
+        null is a root and stays one; a ``compact_boundary``, or a compaction summary
+        (``isCompactSummary``) whose boundary is missing, starts the conversation; a parent
+        whose undecodable line still names its own parent is re-attached past it
+        (:meth:`_reattach_children_of_lost`)."""
         tree = _Tree(lines)
         chain = self._chain(tree)
         if not chain:
             return {}
-        # Undecodable lines whose bytes still name their parent: the entries chained to
-        # them are re-attached past them (_reattach_children_of_lost).
         named = _lost_links(tree, [*lines, *lost])
+
+        def above(node: int) -> int | None:  # the parent, past undecodable lines that name theirs
+            if node in up:
+                return up[node]
+            parent = _past_lost(tree.obj(node).get("parentUuid"), named)
+            return tree.by_uuid.get(parent) if isinstance(parent, str) else None
+
+        def talks(index: int) -> bool:
+            return _kind(tree.obj(index)) in CONVERSATION or _kind(tree.obj(index)) == "system"
+
         position = {index: at for at, index in enumerate(tree.entries)}
-        parents = {tree.by_uuid[p] for p, kids in tree.children.items() if kids and p in tree.by_uuid}
-        parents |= {tree.by_uuid[a] for uid in named if tree.children.get(uid)
+        parents = {tree.by_uuid[p] for p, kids in tree.children.items()
+                   if p in tree.by_uuid and any(talks(k) for k in kids)}
+        parents |= {tree.by_uuid[a] for uid in named if any(talks(k) for k in tree.children.get(uid, ()))
                     if isinstance(a := _past_lost(uid, named), str) and a in tree.by_uuid}
         up: dict[int, int] = {}
         on = set(chain)
         root = chain[0]
         links: dict[int, str] = {}
-        while True:
-            parent = tree.obj(root).get("parentUuid", _MISSING)
-            if tree.obj(root).get("isCompactSummary") is True:
-                return links  # its compact_boundary was lost: the summary starts the conversation, as after one
+        for _ in range(len(tree.entries) + 1):
+            obj = tree.obj(root)
+            if obj.get("isCompactSummary") is True or obj.get("subtype") == "compact_boundary":
+                break  # a compaction starts the conversation, its boundary there or not
+            parent = obj.get("parentUuid", _MISSING)
             past = _past_lost(parent, named)
             if past is None or (isinstance(past, str) and past in named):
-                return links
+                break
             if isinstance(past, str) and past in tree.by_uuid:
-                if past == parent:
-                    return links  # the walk stopped at a cycle: nothing to link
                 target = tree.by_uuid[past]  # re-attached past the undecodable lines
+                if past == parent or target in on:
+                    break  # the walk stopped at a cycle: nothing to link
             else:
-                found = self._predecessor(tree, root, position, on, up, parents)
+                found = self._predecessor(tree, root, position, on, parents, above)
                 if found is None:
-                    return links
+                    break
                 target = found
                 links[root] = str(tree.obj(target)["uuid"])
             up[root] = target
@@ -427,17 +441,13 @@ class ClaudeCode:
             while node is not None and node not in on:
                 on.add(node)
                 root = node
-                node = up.get(node, tree.parent(node))
+                node = above(node)
+        return links
 
     @staticmethod
-    def _predecessor(tree: _Tree, root: int, position: dict[int, int], on: set[int],
-                     up: dict[int, int], parents: set[int]) -> int | None:
-        """The entry ``root`` is re-linked to: the nearest user, assistant or system entry
-        before it in the file on its side (main conversation or the same sidechain) that
-        is no entry's parent (``parents``: the tool chains each entry to the one it wrote
-        last, which had no child yet; a fork could split an assistant message over two
-        branches), and whose own ancestors do not lead back into the conversation below
-        it."""
+    def _predecessor(tree: _Tree, root: int, position: dict[int, int], on: set[int], parents: set[int],
+                     above: Any) -> int | None:
+        """The entry ``root`` is re-linked to (see :meth:`_relinks`), or None."""
         side = (tree.obj(root).get("isSidechain") is True, tree.obj(root).get("agentId"))
         for at in range(position[root] - 1, -1, -1):
             index = tree.entries[at]
@@ -446,15 +456,14 @@ class ClaudeCode:
                 continue
             if (obj.get("isSidechain") is True, obj.get("agentId")) != side:
                 continue
+            if index in on or index in parents:
+                return None  # the entry before it is taken: not a guess to make
             seen: set[int] = set()
             node: int | None = index
             while node is not None and node not in on and node not in seen:
                 seen.add(node)
-                node = up.get(node, tree.parent(node))
-            if node is None and index not in parents:
-                return index
-            if obj.get("subtype") == "compact_boundary":
-                return None
+                node = above(node)
+            return index if node is None else None
         return None
 
     def _analyze(self, lines: list[Line], lost: Sequence[Line]) -> Analysis:
