@@ -353,15 +353,17 @@ class ClaudeCode:
     # --- scan and plan -------------------------------------------------------------------
 
     def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis:
-        links = self._relinks(lines, lost)
+        tree = _Tree(lines)
+        named = _lost_links(tree, [*lines, *lost])
+        links = self._relinks(tree, named)
         if not links:
-            return self._analyze(lines, lost)
+            return self._analyze(lines, lost, named, tree)
         relinked = list(lines)
         for index, parent in links.items():
             line = lines[index]
             relinked[index] = Line(line.index, line.offset, _reparented(line, parent),
                                    {**(line.obj or {}), "parentUuid": parent})
-        analysis = self._analyze(relinked, lost)
+        analysis = self._analyze(relinked, lost, named)
         line_of = {line.obj["uuid"]: line.number for line in reversed(lines)
                    if line.obj is not None and isinstance(line.obj.get("uuid"), str) and _kind(line.obj) in ENTRIES}
         for index, parent in links.items():
@@ -377,7 +379,7 @@ class ClaudeCode:
         analysis.findings.sort(key=lambda f: f.line)
         return analysis
 
-    def _relinks(self, lines: list[Line], lost: Sequence[Line]) -> dict[int, str]:
+    def _relinks(self, tree: _Tree, named: dict[str, str | None]) -> dict[int, str]:
         """New parents for the entries where the resumed conversation is cut off: walking
         back from the leaf, an entry whose ``parentUuid`` names no entry of the file (a
         parent the tool never wrote, a line lost or removed) or that has no ``parentUuid``
@@ -393,11 +395,9 @@ class ClaudeCode:
         (``isCompactSummary``) whose boundary is missing, starts the conversation; a parent
         whose undecodable line still names its own parent is re-attached past it
         (:meth:`_reattach_children_of_lost`)."""
-        tree = _Tree(lines)
         chain = self._chain(tree)
         if not chain:
             return {}
-        named = _lost_links(tree, [*lines, *lost])
 
         def above(node: int) -> int | None:  # the parent, past undecodable lines that name theirs
             if node in up:
@@ -466,8 +466,11 @@ class ClaudeCode:
             return index if node is None else None
         return None
 
-    def _analyze(self, lines: list[Line], lost: Sequence[Line]) -> Analysis:
-        tree = _Tree(lines)
+    def _analyze(self, lines: list[Line], lost: Sequence[Line], named: dict[str, str | None],
+                 tree: _Tree | None = None) -> Analysis:
+        """The findings and plan for ``lines`` (``named``: :func:`_lost_links` of them;
+        ``tree``: theirs, when already built)."""
+        tree = tree if tree is not None else _Tree(lines)
         groups, bad = _groups(tree)
         analysis = Analysis()
         plan = analysis.plan
@@ -522,7 +525,6 @@ class ClaudeCode:
                 f"tool_result for {rid!r} " + ("answers no tool_use of the message before it"
                                                if kind == ORPHAN_RESULT else "repeats an earlier answer")
                 + "; repair keeps it as a text block", call_id=rid))
-        named = _lost_links(tree, [*lines, *lost])
         for line in [*lines, *lost]:  # an undecodable line, or the torn bytes cut from a glued one
             if line.obj is None and not line.blank:
                 self._reattach_children_of_lost(tree, line, named, new_parent, analysis)
