@@ -328,7 +328,10 @@ def untouched_lines_kept(before: bytes, after: bytes, exam: foreign.Examination)
             else:
                 assert got == raw
         for m in moved_to.get(i, ()):
-            assert next(new) == plan.replace.get(m, old[m])  # moved, byte for byte (a glued line: its entry)
+            # Moved, byte for byte (a glued line: its entry); the last line, moved up, gets
+            # the newline it lacked (plan.terminate).
+            moved = plan.replace.get(m, old[m])
+            assert next(new) == (moved + b"\n" if m == plan.terminate and not moved.endswith(b"\n") else moved)
         for _ in plan.insert_after.get(i, ()):
             assert is_answer(next(new))
     assert next(new, None) is None
