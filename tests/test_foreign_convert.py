@@ -224,3 +224,25 @@ def test_two_files_naming_one_session_say_which_and_how_to_import_the_second(tmp
     # The command it names imports the file under the new id.
     code, [row] = run("convert", "--repaired", os.path.join(FIXTURES, "codex", names[1]), f"{tmp_path}/dst/second.jsonl")
     assert code == 0 and row["status"] == "converted" and row["session"] == "second"
+
+
+def test_a_codex_output_recorded_as_failed_is_an_error_result(src, tmp_path):
+    """An output object with ``success: false`` is imported as ``is_error: true``; one with
+    ``success: true``, or a plain string, is not."""
+    path = src / "codex" / "healthy.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    outputs = [k for k, line in enumerate(lines) if b'"function_call_output"' in line]
+    shapes = [{"content": "exit 1: tests failed", "success": False}, {"content": "fine", "success": True}]
+    for k, output in zip(outputs[-2:], shapes):  # two outputs of the resumed conversation
+        entry = json.loads(lines[k])
+        entry["payload"]["output"] = output
+        lines[k] = json.dumps(entry).encode() + b"\n"
+    path.write_bytes(b"".join(lines))
+    code, [row] = run("convert", str(path), f"jsonl:{tmp_path}/dst")
+    assert code == 0 and row["status"] == "converted"
+    with open_store(f"jsonl:{tmp_path}/dst") as store:
+        results = [r for r in store.read(row["session"]) if r.type == "tool/result"]
+    flags = {r["output"]: r["is_error"] for r in results}
+    assert flags["exit 1: tests failed"] is True
+    assert flags["fine"] is False
+    assert all(flag is False for text, flag in flags.items() if text != "exit 1: tests failed")

@@ -277,7 +277,7 @@ class Codex:
                 continue
             open_message = None
             if kind in OUTPUTS:
-                add(result_event(str_or_none(item.get("call_id")), _output_text(item), False))
+                add(result_event(str_or_none(item.get("call_id")), _output_text(item), _failed(item)))
             elif kind == "message" and item.get("role") in ("user", "assistant"):
                 text = content_text(item.get("content"))
                 if item.get("role") == "user":
@@ -290,6 +290,13 @@ class Codex:
         # Codex keeps its rollout open while a session runs: the open-descriptor check
         # in files.in_use finds it. It writes no per-process record naming the file.
         return []
+
+
+def _failed(item: Mapping[str, Any]) -> bool:
+    """True for an output Codex recorded as failed: an ``output`` object whose
+    ``success`` is false (a plain string output says nothing either way)."""
+    output = item.get("output")
+    return isinstance(output, Mapping) and output.get("success") is False
 
 
 def _output_text(item: Mapping[str, Any]) -> str:
