@@ -982,6 +982,14 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         close_opened()
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` (a subcommand of ``parser``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]  # type: ignore[no-any-return]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -997,8 +1005,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             # ``convert SRC --repaired DST`` names DST after one. Other extras are errors.
             if getattr(args, "command", None) == "convert" and not any(x.startswith("-") for x in extra):
                 args.targets += extra
-            else:
-                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            else:  # the command's own usage, naming it
+                _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:
         return int(exc.code or 0)
     try:

@@ -203,6 +203,9 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert run("show", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"))[0] == 2
     assert run("repair", "-")[0] == 2  # standard input is for scan and show
     capsys.readouterr()
+    assert run("scan", str(tmp_path), "--bogus")[0] == 2  # the command's usage names the option
+    err = capsys.readouterr().err
+    assert "usage: sessionlog scan" in err and "sessionlog scan: error: unrecognized arguments: --bogus" in err
     (tmp_path / "x.txt").write_text("hi")
     code, out = run("scan", str(tmp_path / "x.txt"), "--json")
     assert code == 4 and json_lines(out)[0]["status"] == "error"  # a file is judged by its content
