@@ -748,3 +748,49 @@ def test_claude_relink_cases_that_must_stay_sound():
     assert finding.line == 6 and "line 4" in finding.detail
     texts = [b["text"] for m in fmt.native_items(split_lines(exam.repaired())) for b in m["content"]]
     assert texts == ["u-u1", "u-ask", "a-after"]  # not the abandoned "old" branch
+
+
+def _claude_entry(n: int, parent: int | None, kind: str, message: dict) -> bytes:
+    def uid(k: int) -> str:
+        return f"00000000-0000-4000-8000-0000000000{k:02d}"
+
+    return json.dumps({"parentUuid": None if parent is None else uid(parent), "isSidechain": False, "type": kind,
+                       "message": message, "uuid": uid(n), "sessionId": "s",
+                       "timestamp": f"2026-11-30T09:00:{n:02d}.000Z"}).encode() + b"\n"
+
+
+def _use(call: str) -> dict:
+    return {"role": "assistant", "id": "msg_M", "type": "message", "model": "claude",
+            "content": [{"type": "tool_use", "id": call, "name": "Bash", "input": {"command": call}}]}
+
+
+def _result(call: str) -> dict:
+    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": f"ran {call}"}]}
+
+
+@pytest.mark.parametrize("result_a", [True, False], ids=["a-answered-off-chain", "a-unanswered"])
+def test_claude_a_branch_that_leaves_a_response_half_way_pairs_what_it_resumes(result_a):
+    """A rewind to the middle of a response: the resumed chain holds its first tool_use
+    entry only, the response's other entry and the results are on the abandoned branch.
+    The view holds the calls of the chain's entries and their answers, nothing for the
+    call the chain does not hold; scan, repair and the view agree."""
+    fmt = foreign.get("claude-code")
+    data = b"".join([
+        _claude_entry(1, None, "user", {"role": "user", "content": "do two things"}),
+        _claude_entry(2, 1, "assistant", _use("toolu_A")),
+        _claude_entry(3, 2, "assistant", _use("toolu_B")),
+        *([_claude_entry(4, 3, "user", _result("toolu_A"))] if result_a else []),
+        _claude_entry(5, 4 if result_a else 3, "user", _result("toolu_B")),
+        _claude_entry(6, 2, "user", {"role": "user", "content": "actually, something else"}),
+        _claude_entry(7, 6, "assistant", {"role": "assistant", "id": "msg_N", "type": "message", "model": "claude",
+                                          "content": [{"type": "text", "text": "ok"}]}),
+    ])
+    exam = foreign.examine(data, fmt)
+    assert exam.analysis.unanswered == ([] if result_a else ["toolu_A"]) and exam.analysis.orphans == []
+    after = check_repair(fmt, data).repaired()
+    items = fmt.native_items(split_lines(after))
+    assert check_pairing(items, "anthropic") is None
+    asked = [b["id"] for m in items if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"]
+    answered = [b["tool_use_id"] for m in items if m["role"] == "user" for b in m["content"]
+                if b["type"] == "tool_result"]
+    assert asked == answered == ["toolu_A"]

@@ -622,11 +622,22 @@ class ClaudeCode:
                 return
             blocks: list[Any] = []
             ids: set[str] = set()
+            # The calls the message asks for: those of its entries on the chain (a branch
+            # that leaves a response half-way, a rewind, resumes without the rest of it).
+            asked = set(_uses_of_blocks(turns[-1][1]))
             ordered = [r for r in current.results if r in on_chain] + [r for r in current.results if r not in on_chain]
             for r in ordered:
                 rblocks = [b for b in _blocks(tree.obj(r)) if isinstance(b, Mapping) and b.get("type") == "tool_result"]
                 named = {rid for b in rblocks if (rid := str_or_none(b.get("tool_use_id"))) is not None}
-                if r not in on_chain and not named.isdisjoint(ids):
+                if r not in on_chain:
+                    # A parallel result that branched off: its answers to calls the message
+                    # asks for and nothing else answered, or nothing of it.
+                    if not named.isdisjoint(ids) or named.isdisjoint(asked):
+                        continue
+                    emitted.add(r)
+                    ids.update(named)
+                    blocks.extend(b for b in _blocks(tree.obj(r)) if not (
+                        isinstance(b, Mapping) and b.get("type") == "tool_result" and _result_id(b) not in asked))
                     continue
                 emitted.add(r)
                 ids.update(named)
@@ -751,6 +762,11 @@ def _ids_named(block: Any) -> Any:
         if key is not None and key in block and not isinstance(block[key], str):
             return {**block, key: None}
     return block
+
+
+def _uses_of_blocks(blocks: list[Any]) -> list[str]:
+    """The ids of the ``tool_use`` blocks among ``blocks``, in order."""
+    return [b["id"] for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use" and isinstance(b.get("id"), str)]
 
 
 def _uses_of(obj: Mapping[str, Any]) -> set[str]:
