@@ -198,11 +198,21 @@ def _directory(text: str, path: str, session: str | None, *, scheme: str | None 
         return [StoreTarget(text, url, session=session)]
     renamed: list[StoreTarget] = []
     for name in sorted(names):
-        stem = _stem(name, scheme) if not name.startswith(".") else None
-        if stem is None or not name.endswith(suffix):
+        if name.startswith(".") or not name.endswith(suffix) or (scheme == "jsonl" and name.endswith(".jsonl.zst")):
             continue
+        stem = _stem(name, scheme)
         header = read_header(os.path.join(path, name), scheme)
-        if header.session is not None and header.session != stem:
+        if stem is None:
+            # A log whose name is no session id ("my session.jsonl"): the store cannot
+            # name it, but it is inspected like the file named alone, never passed over.
+            sid = header.session if header.session is not None else "unnamed"
+            renamed.append(StoreTarget(
+                text, url, session=sid, file_name=name, path=os.path.join(path, name),
+                note=(f"{os.path.join(shown, name)}: the file name is not a session id: inspected as "
+                      f"{sid!r}" + (", the id its header names" if header.session is not None else "")
+                      + f"; rename it to {sid}{suffix} or convert it"),
+            ))
+        elif header.session is not None and header.session != stem:
             renamed.append(StoreTarget(
                 text, url, session=header.session, file_name=name, path=os.path.join(path, name),
                 note=(f"{os.path.join(shown, name)}: in a store the file name is the session id, but this "

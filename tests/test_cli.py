@@ -322,6 +322,23 @@ def test_in_a_store_the_name_matters_and_scan_says_so_without_refusing(tmp_path,
     assert code == 1 and "torn" in out
 
 
+@pytest.mark.parametrize("name", ["my session.jsonl", "séssion ✓.jsonl", "torn (copy).jsonl"])
+def test_a_log_whose_name_is_no_session_id_is_scanned_and_repaired_in_its_directory(tmp_path, capsys, name):
+    """A directory's log is never passed over for its name: it is inspected under the id
+    its header names, with a note, as when the file is named alone."""
+    shutil.copy(os.path.join(FIXTURES, "healthy.jsonl"), tmp_path / "healthy.jsonl")
+    shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), tmp_path / name)
+    code, out = run("scan", str(tmp_path), "--json")
+    rows = {r["session"]: r for r in json_lines(out)}
+    assert code == 1 and set(rows) == {"healthy", "torn"}
+    assert rows["torn"]["status"] == "repairable" and rows["torn"]["path"] == str(tmp_path / name)
+    assert "the file name is not a session id" in capsys.readouterr().err
+    code, out = run("repair", str(tmp_path), "--json")
+    assert code == 0 and {r["session"]: r["status"] for r in json_lines(out)} == {"healthy": "clean", "torn": "repaired"}
+    code, out = run("scan", str(tmp_path / name), "--json")
+    assert code == 0 and json_lines(out)[0]["status"] == "clean"
+
+
 @pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
 def test_a_store_url_is_the_same_store_as_its_directory(tmp_path, scheme, capsys):
     """``jsonl:DIR`` and ``DIR`` name one store: a file whose header disagrees with its
