@@ -41,7 +41,7 @@ _CHILD = textwrap.dedent(
         s.append([{"type": "tool/call", "turn": "t1", "step": 1, "call_id": "call_deploy", "name": "deploy"}])
         # ... the deploy runs, its result is being written, and the process dies mid-record:
         fd = os.open(s.path, os.O_WRONLY | os.O_APPEND)
-        os.write(fd, b'{"seq":8,"ts":1.0,"type":"tool/result","call_id":"call_dep')
+        os.write(fd, b'{"seq":9,"ts":1.0,"type":"tool/result","call_id":"call_dep')
         os.kill(os.getpid(), signal.SIGKILL)
     """
 )

@@ -33,6 +33,17 @@ def test_demo_keep_prints_paths_that_exist(tmp_path):
     try:
         for path in paths:
             assert os.path.exists(path), path
+        # The torn record is the one the crashed writer was writing: the seq after the
+        # last durable record.
+        quarantine = next(p for p in paths if p.endswith(".quarantine"))
+        log = quarantine[: quarantine.index(".jsonl") + len(".jsonl")]
+        with open(quarantine, "rb") as f:
+            torn = f.read()
+        cut_after = int(re.search(rb'"seq":(\d+)', torn).group(1))
+        with open(log, "rb") as f:
+            records = [json.loads(line) for line in f]
+        truncated = next(r for r in records if r["type"] == "log/truncated")
+        assert cut_after == truncated["seq"]  # it took the seq the torn record never got
     finally:
         roots = {re.match(r"(.*/sessionlog-demo-[^/]+)", p).group(1) for p in paths}
         for root in roots:
