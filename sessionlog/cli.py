@@ -261,7 +261,7 @@ def _open(target: StoreTarget, args: argparse.Namespace, out: TextIO, codes: lis
 def _missing_row(target: Missing) -> dict[str, Any]:
     return {"session": None, "path": target.text, "records": None, "status": str(Status.ERROR),
             "damage": None, "open_turn": None, "open_step": None, "unanswered_calls": [],
-            "awaiting_approval": [], "error": str(target.error)}
+            "awaiting_approval": [], "unmarked_quarantines": [], "error": str(target.error)}
 
 
 def _shown_path(target: StoreTarget, path: str | None) -> str | None:
@@ -446,7 +446,9 @@ def repair_row(target: StoreTarget, sid: str, store: EventStore, args: argparse.
                            reason=str(exc)).to_json()
         row["error"] = str(exc)
         code = EXIT_ERROR
-    row["path"] = _shown_path(target, row["path"])
+    # A SQL session lives in the database: a SQLite store's path is its file (as in scan).
+    sql = scheme_of(target.url) in ("sqlite", "postgresql")
+    row["path"] = _shown_path(target, row["path"] or (local_path(target.url) if sql else None))
     if args.dry_run:
         row["dry_run"] = True
         if row["quarantine"] and _STAMP.search(row["quarantine"]):

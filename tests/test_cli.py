@@ -669,3 +669,13 @@ def test_a_sqlite_sessions_scan_row_names_the_database_file_and_its_damage_is_at
         assert row["path"] == str(db) and row["damage"]["kind"] == "corrupt"
         code, table = run("scan", target)
         assert f"{db}: corrupt at row {row['damage']['offset']}: {row['damage']['reason']}" in table.splitlines()
+    for target in (f"sqlite:///{db}", str(db)):  # repair's row names it too
+        code, out = run("repair", target, "--dry-run", "--json")
+        assert [r["path"] for r in json_lines(out)] == [str(db)]
+
+
+def test_a_missing_targets_scan_row_has_every_documented_key(tmp_path):
+    code, out = run("scan", os.path.join(FIXTURES, "healthy.jsonl"), str(tmp_path / "nosuch"), "--json")
+    found, missing = json_lines(out)
+    assert code == 4 and missing["status"] == "error"
+    assert set(found) <= set(missing) | {"note"}
