@@ -163,6 +163,31 @@ def _reread(damage: Damage, changed: bool, seen: tuple[DamageKind, int] | None) 
     return changed and damage.kind.status is not None and (damage.kind, damage.offset) != seen
 
 
+def _utf8_name(name: str) -> bool:
+    """True when a file name (as ``os.listdir`` gives it) is valid UTF-8 text."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(name: str) -> str:
+    """A file name that is not UTF-8 as text: its bytes that are not, escaped (``x\\xff``)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _refuse_unnameable(report: RepairReport, session_id: str, suffix: str) -> None:
+    """Raise before a repair changes anything when its ``log/truncated`` record cannot
+    name the quarantine file: a log whose file name is not UTF-8."""
+    if report.quarantine is not None and not _utf8_name(report.quarantine):
+        raise SessionLogError(
+            f"{_escaped(report.path or '')}: the file name is not valid UTF-8, and the log/truncated record "
+            "repair writes must name its quarantine file (a JSON string); rename the log "
+            f"(to {session_id}{suffix}, say) and repair again: nothing was changed"
+        )
+
+
 def _io_error(exc: OSError, path: str, what: str) -> SessionLogError:
     if isinstance(exc, FileNotFoundError):
         return SessionNotFound(f"{path}: no such session")
@@ -736,6 +761,7 @@ class FileStore:
                                        expire_approvals=expire_approvals)
             if dry_run or report.status != "repaired":
                 return report
+            _refuse_unnameable(report, session_id, self.framing.suffix)
         lock = self.take_lock(session_id, 0.0)
         try:
             return self._repair_locked(session_id, force=force, expire_approvals=expire_approvals)
@@ -775,7 +801,10 @@ class FileStore:
             events.append(
                 truncation_marker(
                     offset=damage.offset, dropped_bytes=damage.length, reason=str(damage.kind),
-                    quarantine=quarantine, ts=scan.last_ts, dropped_seqs=damage.dropped_seqs,
+                    # A name that is not UTF-8 cannot be JSON text: the plan (a dry run, a
+                    # view) shows it escaped; a repair refuses it (_refuse_unnameable).
+                    quarantine=quarantine if _utf8_name(quarantine) else _escaped(quarantine),
+                    ts=scan.last_ts, dropped_seqs=damage.dropped_seqs,
                 )
             )
             report.truncated_bytes = damage.length
@@ -815,6 +844,7 @@ class FileStore:
         report = self._repair_plan(scan, force=force, expire_approvals=expire_approvals)
         if report.status != "repaired":
             return report
+        _refuse_unnameable(report, session_id, self.framing.suffix)
         fs = self.fs
         path = self.path_of(session_id)
         damage = scan.damage

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -78,7 +79,39 @@ _SHOWN_AS: dict[str, str] = {}
 def _shown(text: str) -> str:
     for path, shown in _SHOWN_AS.items():
         text = text.replace(path, shown)
+    return _printable(text)
+
+
+def _printable(text: str) -> str:
+    """``text`` as it can be written to any UTF-8 stream: a file name that is not UTF-8
+    (its bytes held as lone surrogates by ``os.fsdecode``) shows its bytes escaped
+    (``x\\xff.jsonl``) instead of failing the write."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return text
+
+
+class _PrintableOut(io.TextIOBase):
+    """``out`` with every write made :func:`_printable` (tables and views of a file
+    whose name is not UTF-8 print, escaped, instead of failing)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def write(self, text: str) -> int:
+        self._out.write(_printable(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return self._out.isatty()
+
+    def fileno(self) -> int:
+        return self._out.fileno()
 
 
 def note(text: str) -> None:
@@ -87,7 +120,21 @@ def note(text: str) -> None:
 
 
 def emit_json(out: TextIO, row: dict[str, Any]) -> None:
-    out.write(_shown(json.dumps(row, ensure_ascii=False)) + "\n")
+    text = json.dumps(row, ensure_ascii=False)
+    if _printable(text) is not text:  # a file name that is not UTF-8: escaped inside its string
+        text = json.dumps(_printable_strings(row), ensure_ascii=False)
+    out.write(_shown(text) + "\n")
+
+
+def _printable_strings(value: Any) -> Any:
+    """``value`` (JSON data) with every string made :func:`_printable`."""
+    if isinstance(value, str):
+        return _printable(value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable_strings(v) for v in value]
+    return value
 
 
 @dataclass(slots=True)
@@ -993,7 +1040,7 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    out = out if out is not None else sys.stdout
+    out = _PrintableOut(out if out is not None else sys.stdout)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # the harness parses its own options
         from . import bench

@@ -679,3 +679,23 @@ def test_a_missing_targets_scan_row_has_every_documented_key(tmp_path):
     found, missing = json_lines(out)
     assert code == 4 and missing["status"] == "error"
     assert set(found) <= set(missing) | {"note"}
+
+
+def test_a_log_whose_file_name_is_not_utf8_is_refused_clearly_and_left_as_it_is(tmp_path, capsys):
+    """The log/truncated record names its quarantine file as JSON text: a name that is
+    not UTF-8 cannot be named, and repair says so (naming the file) before any change."""
+    name = os.fsdecode(b"x\xff.jsonl")
+    path = tmp_path / name
+    shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), path)
+    before = path.read_bytes()
+    code, out = run("repair", str(path), "--json")
+    [row] = json_lines(out)
+    assert code == 4 and row["status"] == "refused"
+    assert "file name is not valid UTF-8" in row["reason"] and "rename the log" in row["reason"]
+    assert path.read_bytes() == before and os.listdir(tmp_path) == [name]
+    assert run("scan", str(path))[0] == 1  # scan reads it as it is
+    assert run("repair", str(path), "--dry-run")[0] == 0  # what repair would do, the name escaped
+    code, out = run("show", str(path), "--format", "events")
+    assert code == 0 and out
+    assert "x\\xff.jsonl" in capsys.readouterr().err  # notes print the name's bytes escaped
+    assert path.read_bytes() == before and os.listdir(tmp_path) == [name]
