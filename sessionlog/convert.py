@@ -286,11 +286,14 @@ def publish(dst_: Destination, sid: str, records: Callable[[], Iterable[Record]]
     it is an error like any other. ``progress`` is called with the records just written."""
     dst = dst_.open()  # a new DST is created here, for the first session to be written
     if dst_.holds(sid):
-        if digest(records()) == digest(dst.read(sid)):
+        differs = _difference(records(), dst.read(sid))
+        if differs is None:
             return ConvertResult(sid, "skipped", records=expected, scan=scan, warnings=notes,
                                  reason="DST already holds these records")
-        return ConvertResult(sid, "exists", reason=f"{dst.url}: a different session {sid!r} already exists; "
-                             "not overwritten", scan=scan)
+        return ConvertResult(sid, "exists", reason=f"{dst.url}: a different session {sid!r} already exists "
+                             f"({differs}); not overwritten (an earlier convert with other options, or of "
+                             "another SRC, wrote it: remove it from DST or convert into another DST)",
+                             scan=scan)
     written = hashlib.sha256()
     count = 0
 
@@ -331,6 +334,25 @@ def _stream(src: EventStore, sid: str, scan: ScanResult, appended: list[Record])
         close = getattr(reader, "close", None)
         if close is not None:
             close()  # release SRC's file handle even when the prefix ended early
+
+
+def _difference(new: Iterable[Record], held: Iterable[Record]) -> str | None:
+    """Where the records a convert would write differ from those DST holds (None when
+    they are the same bytes): the first seq that differs and both counts."""
+    first = None
+    count = {"new": 0, "held": 0}
+    sentinel = object()
+    for a, b in itertools.zip_longest(new, held, fillvalue=sentinel):
+        if a is not sentinel:
+            count["new"] += 1
+        if b is not sentinel:
+            count["held"] += 1
+        if first is None and (a is sentinel or b is sentinel or a.raw != b.raw):  # type: ignore[union-attr]
+            first = count["new"] if a is not sentinel else count["held"]
+    if first is None:
+        return None
+    return (f"it holds {count['held']} records, this convert writes {count['new']}; "
+            f"they differ from record {first} on")
 
 
 def digest(records: Iterable[Record]) -> bytes:

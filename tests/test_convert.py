@@ -285,7 +285,11 @@ def test_convert_cli_rerun_skips_identical_refuses_different_and_forces_in_the_c
     other.mkdir()
     sessionlog.open_store(f"jsonl:{other}").create("healthy")
     code, out = _cli("convert", str(other), dst, "--json")
-    assert code == 4 and json.loads(out)["status"] == "exists"
+    row = json.loads(out)
+    assert code == 4 and row["status"] == "exists"
+    # ... and the reason says how they differ: DST's 22 records against this one's 1
+    held = len(list(sessionlog.open_store(dst).read("healthy")))
+    assert f"it holds {held} records, this convert writes 1; they differ from record 1 on" in row["reason"]
     # a table without --json
     code, out = _cli("convert", str(src / "healthy.jsonl"), dst)
     assert code == 0 and "skipped" in out and not out.lstrip().startswith("{")
