@@ -284,6 +284,21 @@ def _foreign_claim(path: str, input_format: str | None) -> Any:
         raise UsageError(str(exc)) from exc
 
 
+def _foreign_hint(path: str | None) -> str:
+    """For a file of a store directory that is no session log: what it is when it is a
+    Claude Code transcript or a Codex rollout, and how to work on it ("" otherwise)."""
+    if path is None or not os.path.isfile(path):
+        return ""
+    from .durable import read_head
+    from .foreign import HEAD_BYTES, sniff
+
+    try:
+        found = sniff(read_head(path, HEAD_BYTES))
+    except OSError:
+        return ""
+    return "" if found is None else f"; it is a {found.title}: name the file to work on it as one"
+
+
 def _is_foreign(target: Any) -> bool:
     return not isinstance(target, (StoreTarget, Missing))
 
@@ -396,6 +411,7 @@ def _scan_store(args: argparse.Namespace, target: StoreTarget, out: TextIO,
                 except SessionLogError as exc:
                     row = scan_row(sid, None, exc)
                     row["path"] = row["path"] or _path_of(store, sid)
+                    row["error"] += _foreign_hint(row["path"])
                 # A SQL session lives in the database: a SQLite store's path is its file.
                 row["path"] = _shown_path(target, row["path"] or (local_path(target.url) if sql else None))
                 if target.note:

@@ -316,3 +316,22 @@ def test_show_of_a_torn_file_warns_that_the_view_leaves_its_last_line_out(tool, 
     assert code == 0 and f"warning: {path}: torn at offset" in err and "damaged last line" in err
     code, _ = run("show", os.path.join(FIXTURES, tool, "healthy.jsonl"), "--format", "events")
     assert code == 0 and "warning" not in capsys.readouterr().err
+
+
+def test_a_tree_mixing_sessionlog_logs_and_foreign_files_says_which_is_which(tmp_path, capsys):
+    """Scanning a parent of both: the foreign files are scanned, and the note names the
+    sessionlog logs' directory (not 'neither a Claude Code transcript nor a Codex
+    rollout'); in a store directory, a Claude Code transcript's error says what it is."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "cc").mkdir()
+    shutil.copy(os.path.join(FIXTURES, "torn.jsonl"), tmp_path / "logs" / "torn.jsonl")
+    shutil.copy(os.path.join(FIXTURES, "claude-code", "healthy.jsonl"), tmp_path / "cc" / "healthy.jsonl")
+    code, out = run("scan", str(tmp_path), "--json")
+    assert code == 0 and [r["file"] for r in rows(out)] == [os.path.join("cc", "healthy.jsonl")]
+    err = capsys.readouterr().err
+    assert "1 sessionlog log(s)" in err and str(tmp_path / "logs") in err and "neither" not in err
+    shutil.copy(os.path.join(FIXTURES, "claude-code", "dangling-call.jsonl"), tmp_path / "logs" / "cc.jsonl")
+    code, out = run("scan", str(tmp_path / "logs"), "--json")
+    by = {r["session"]: r for r in rows(out)}
+    assert code == 4 and by["cc"]["status"] == "error"
+    assert "it is a Claude Code transcript: name the file" in by["cc"]["error"]

@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .. import exits
@@ -49,7 +49,9 @@ class ForeignTarget:
 
     files: list[tuple[str, ForeignFormat]]
     root: str | None
-    skipped: int = 0
+    skipped: int = 0  # files of no format known here
+    log_dirs: dict[str, int] = field(default_factory=dict)  # directory -> sessionlog logs in it (skipped)
+    other_format: int = 0  # files shown to be another format than --input-format's (skipped)
 
 
 def _is_sessionlog(head: bytes) -> bool:
@@ -60,7 +62,7 @@ def _jsonl_files(root: str) -> Iterator[str]:
     for directory, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
-            if name.endswith(".jsonl") and not name.startswith("."):
+            if name.endswith((".jsonl", ".jsonl.zst")) and not name.startswith("."):
                 yield os.path.join(directory, name)
 
 
@@ -110,21 +112,29 @@ def claim(target: str, input_format: str | None = None) -> ForeignTarget | None:
             (name.endswith(".jsonl") or name.endswith(".jsonl.zst")) and not name.startswith(".")
             and (name.endswith(".zst") or _is_sessionlog(read_head(os.path.join(target, name), HEAD_BYTES))) for name in top):
         return None
-    files: list[tuple[str, ForeignFormat]] = []
-    skipped = 0
+    found = ForeignTarget([], target)
     for path in _jsonl_files(target):
+        if path.endswith(".jsonl.zst"):
+            found.log_dirs[os.path.dirname(path)] = found.log_dirs.get(os.path.dirname(path), 0) + 1
+            continue
         head = read_head(path, HEAD_BYTES)
+        if _is_sessionlog(head):
+            found.log_dirs[os.path.dirname(path)] = found.log_dirs.get(os.path.dirname(path), 0) + 1
+            continue
         if forced is None:
             fmt = sniff(head)
-        else:  # a file shown to be something else is skipped, as unknown ones are
+        else:  # a file shown to be the other format is skipped, as unknown ones are
             fmt = forced if _shown_otherwise(head, forced) is None else None
+            if fmt is None and sniff(head) is not None:
+                found.other_format += 1
+                continue
         if fmt is None:
-            skipped += 1
+            found.skipped += 1
         else:
-            files.append((path, fmt))
-    if not files and forced is None:
+            found.files.append((path, fmt))
+    if not found.files and forced is None:
         return None
-    return ForeignTarget(files, target, skipped)
+    return found
 
 
 @contextlib.contextmanager
@@ -154,9 +164,18 @@ def _session(path: str, exam: Examination | None) -> str:
 
 
 def _skipped_note(target: ForeignTarget) -> None:
+    if target.log_dirs:
+        count = sum(target.log_dirs.values())
+        dirs = sorted(target.log_dirs)
+        shown = ", ".join(dirs[:3]) + (f" and {len(dirs) - 3} more" if len(dirs) > 3 else "")
+        print(f"note: {count} sessionlog log(s) under {target.root} are not scanned with the Claude Code "
+              f"and Codex files: name their directory to work on them ({shown})", file=sys.stderr)
+    if target.other_format:
+        print(f"note: {target.other_format} file(s) under {target.root} are of another format than "
+              "--input-format says; skipped", file=sys.stderr)
     if target.skipped:
         print(f"note: {target.skipped} *.jsonl file(s) under {target.root} are neither a Claude Code "
-              "transcript nor a Codex rollout; skipped", file=sys.stderr)
+              "transcript, a Codex rollout nor a sessionlog log; skipped", file=sys.stderr)
 
 
 # --- scan ------------------------------------------------------------------------------
