@@ -875,6 +875,8 @@ def cmd_salvage(args: argparse.Namespace, out: TextIO) -> int:
     from .salvage import salvage
     from .targets import destination
 
+    if os.path.isdir(args.source):
+        raise TargetNotFound(f"{args.source}: is a directory; salvage reads one log file (name it: DIR/<id>.jsonl)")
     if not os.path.isfile(args.source):
         raise TargetNotFound(f"{args.source}: no such log file")
     dst_url, named = destination(args.dst)

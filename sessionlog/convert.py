@@ -132,11 +132,21 @@ def convert(
             raise InvalidStoreUrl(f"{src}: holds files whose names differ from their headers; convert them one by one")
     else:
         target = src
+    dst_text = dst_url
     dst_url, dst_session = destination(dst_url)
+    if session is not None and target.session is not None and target.session != session:
+        raise InvalidStoreUrl(f"--session {session!r}, but SRC holds session {target.session!r}")
+    if dst_session is not None:
+        src_named = session if session is not None else target.session
+        if src_named is not None and src_named != dst_session:
+            what = "--session names" if session is not None else "SRC holds"
+            raise InvalidStoreUrl(
+                f"{what} session {src_named!r}, but the DST file names session {dst_session!r}: a session "
+                f"keeps its id (its header names it); name DST "
+                f"{os.path.join(os.path.dirname(dst_text), src_named)}"
+                f"{'.jsonl.zst' if dst_text.endswith('.zst') else '.jsonl'} or its directory")
     for named in (target.session, dst_session):
         if named is not None:
-            if session is not None and named != session:
-                raise InvalidStoreUrl(f"session {session!r} asked for, but a target names session {named!r}")
             session = named
     if session is not None and target.session is None:
         target = StoreTarget(target.text, target.url, session=session)

@@ -80,6 +80,8 @@ class StoreTarget:
         Raises TargetNotFound when the one session asked for is not there."""
         if self.session is not None:
             if self.file_name is None and self.session not in store.sessions():
+                if not valid_session_id(self.session):
+                    raise TargetNotFound(f"{self.text}: no session {self.session!r}: not a valid session id")
                 raise TargetNotFound(f"{self.text}: no session {self.session!r}")
             return [self.session]
         return [sid for sid in store.sessions() if sid not in self.skip]
@@ -376,6 +378,8 @@ def open_source(url: str) -> EventStore:
             raise TargetNotFound(f"{url}: no such store directory")
         return open_store(url, create_dir=False)
     if scheme == "sqlite":
+        if path and os.path.isdir(path):
+            raise TargetNotFound(f"{url}: {path} is a directory, not a SQLite database file")
         if path and not os.path.isfile(path):
             raise TargetNotFound(f"{url}: no such SQLite store")
     if scheme in ("sqlite", "postgresql"):

@@ -699,3 +699,19 @@ def test_a_log_whose_file_name_is_not_utf8_is_refused_clearly_and_left_as_it_is(
     assert code == 0 and out
     assert "x\\xff.jsonl" in capsys.readouterr().err  # notes print the name's bytes escaped
     assert path.read_bytes() == before and os.listdir(tmp_path) == [name]
+
+
+def test_errors_name_what_is_wrong(tmp_path, capsys):
+    """A directory where a file is read, an invalid id, a SRC session a DST file would
+    rename: each error says so (not 'no such file', not 'asked for')."""
+    healthy = os.path.join(FIXTURES, "healthy.jsonl")
+    assert run("salvage", FIXTURES, f"jsonl:{tmp_path}/x")[0] == 4
+    assert "is a directory; salvage reads one log file" in capsys.readouterr().err
+    assert run("scan", FIXTURES, "--session", "..")[0] == 4
+    assert "not a valid session id" in capsys.readouterr().err
+    assert run("scan", f"sqlite:///{tmp_path}")[0] == 4
+    assert "is a directory, not a SQLite database file" in capsys.readouterr().err
+    assert run("convert", healthy, str(tmp_path / "new" / "other.jsonl"))[0] == 2
+    err = capsys.readouterr().err
+    assert "SRC holds session 'healthy', but the DST file names session 'other'" in err
+    assert str(tmp_path / "new" / "healthy.jsonl") in err and not (tmp_path / "new").exists()
