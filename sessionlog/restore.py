@@ -64,15 +64,20 @@ def restore(store: Any, session_id: str, *, dry_run: bool = False) -> RestoreRep
     fsync, rename, directory fsync); then the quarantine is renamed ``<name>.restored``
     (a crash in between leaves a log whose damaged tail and quarantine the next repair
     recognizes). ``dry_run`` checks everything and writes nothing, not even the lock
-    file: it probes the lock (SessionLocked while a writer owns it) instead of taking it. Raises RestoreRefused
+    file: it probes the lock (SessionLocked while a writer owns it) instead of taking it;
+    a restore with nothing to do, or refused, answers the same way. Raises RestoreRefused
     for a store that is not a file store, IOFailure."""
     if not hasattr(store, "framing"):
         raise RestoreRefused(f"{store.url}: restore works on file stores (jsonl:, zstd:); on SQL stores "
                              "the quarantined rows are in the sessionlog_quarantine table")
-    if dry_run:  # probe the lock, never create its file: a dry run leaves every byte and name as it was
-        if store._owned(session_id):
-            raise SessionLocked(f"{store.path_of(session_id)}: a writer owns session {session_id!r}")
-        return _restore_locked(store, session_id, dry_run)
+    # Probe the lock, never create its file: a dry run, and a restore with nothing to do or
+    # refused (the answer a look without the lock gives), leave every byte and name as
+    # they were (a read-only file system included); only a restore about to write locks.
+    if store._owned(session_id):
+        raise SessionLocked(f"{store.path_of(session_id)}: a writer owns session {session_id!r}")
+    looked = _restore_locked(store, session_id, True)
+    if dry_run or looked.status != "restored":
+        return looked
     lock = store.take_lock(session_id, 0.0)
     try:
         return _restore_locked(store, session_id, dry_run)

@@ -190,3 +190,15 @@ def test_the_by_hand_restore_in_damage_md_gives_back_the_log_and_leaves_no_unmar
     assert (store / "s1.jsonl").read_bytes() == original
     code, [after] = run("scan", str(store / "s1.jsonl"))
     assert after["unmarked_quarantines"] == [] and after["damage"]["kind"] == "torn"
+
+
+def test_restore_with_nothing_to_do_or_refused_leaves_the_directory_as_it_was(tmp_path):
+    """Like repair, restore creates a session's lock file only when it is about to write:
+    with nothing to restore, or refused, it answers as its dry run does (on a read-only
+    file system too) and adds no file."""
+    shutil.copy(os.path.join(FIXTURES, "healthy.jsonl"), tmp_path / "healthy.jsonl")
+    before = files(tmp_path)
+    for extra in ((), ("--dry-run",)):
+        code, [row] = run("restore", str(tmp_path), *extra)
+        assert code == 0 and row["status"] == "nothing"
+        assert files(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["healthy.jsonl"]
