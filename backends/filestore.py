@@ -51,6 +51,7 @@ from sessionlog.durable import (
     lock_is_held,
     name_still_durable,
     parse_quarantine_name,
+    printable,
     publish_new,
     quarantine_name,
     sweep_temps,
@@ -163,26 +164,12 @@ def _reread(damage: Damage, changed: bool, seen: tuple[DamageKind, int] | None) 
     return changed and damage.kind.status is not None and (damage.kind, damage.offset) != seen
 
 
-def _utf8_name(name: str) -> bool:
-    """True when a file name (as ``os.listdir`` gives it) is valid UTF-8 text."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _escaped(name: str) -> str:
-    """A file name that is not UTF-8 as text: its bytes that are not, escaped (``x\\xff``)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 def _refuse_unnameable(report: RepairReport, session_id: str, suffix: str) -> None:
     """Raise before a repair changes anything when its ``log/truncated`` record cannot
     name the quarantine file: a log whose file name is not UTF-8."""
-    if report.quarantine is not None and not _utf8_name(report.quarantine):
+    if report.quarantine is not None and printable(report.quarantine) is not report.quarantine:
         raise SessionLogError(
-            f"{_escaped(report.path or '')}: the file name is not valid UTF-8, and the log/truncated record "
+            f"{printable(report.path or '')}: the file name is not valid UTF-8, and the log/truncated record "
             "repair writes must name its quarantine file (a JSON string); rename the log "
             f"(to {session_id}{suffix}, say) and repair again: nothing was changed"
         )
@@ -803,7 +790,7 @@ class FileStore:
                     offset=damage.offset, dropped_bytes=damage.length, reason=str(damage.kind),
                     # A name that is not UTF-8 cannot be JSON text: the plan (a dry run, a
                     # view) shows it escaped; a repair refuses it (_refuse_unnameable).
-                    quarantine=quarantine if _utf8_name(quarantine) else _escaped(quarantine),
+                    quarantine=printable(quarantine),
                     ts=scan.last_ts, dropped_seqs=damage.dropped_seqs,
                 )
             )

@@ -38,6 +38,7 @@ from .contract import (
     UnsupportedFormat,
     read_prefix,
 )
+from .durable import printable as _printable
 from .events import LOG_TRUNCATED
 from .targets import STDIN, StoreTarget, TargetNotFound, close_opened, local_path, resolve, stdin_log
 from .terminal import console
@@ -80,17 +81,6 @@ def _shown(text: str) -> str:
     for path, shown in _SHOWN_AS.items():
         text = text.replace(path, shown)
     return _printable(text)
-
-
-def _printable(text: str) -> str:
-    """``text`` as it can be written to any UTF-8 stream: a file name that is not UTF-8
-    (its bytes held as lone surrogates by ``os.fsdecode``) shows its bytes escaped
-    (``x\\xff.jsonl``) instead of failing the write."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return text
 
 
 class _PrintableOut(io.TextIOBase):

@@ -482,3 +482,14 @@ def lock_is_held(fs: FileSystem, path: str) -> bool:
         return False
     finally:
         fs.close(fd)
+
+
+def printable(text: str) -> str:
+    """``text`` as it can be written as UTF-8 (to a stream, in JSON): a file name that is
+    not UTF-8 (its bytes held as lone surrogates by ``os.fsdecode``) with those bytes
+    escaped (``x\\xff.jsonl``); any other text as it is (the same object)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text
