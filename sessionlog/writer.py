@@ -59,6 +59,13 @@ Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever
 - :meth:`WriteBehind.close` stops admission and flushes; events that still cannot be
   written are failed and dropped. A producer told its events failed can rely on them not
   being written later.
+- A cancelled wait is not a cancelled write. When the task awaiting
+  :meth:`WriteBehind.append` is cancelled (a ``wait_for`` timeout), its events stay queued
+  and are written once, in order, as submitted events are: a failure to write them goes to
+  ``on_error`` and the next flush. Cancelling a :meth:`WriteBehind.submit` future is the
+  same. Flushes and close wait for them (a flush waits for events to settle, not for
+  futures to be done). A producer must not retry a cancelled append (it would record it
+  twice): flush, then read the log.
 """
 
 from __future__ import annotations
@@ -110,6 +117,7 @@ class _Pending:
     awaited: bool = False  # an append() is waiting on it (withdrawn when the session pauses)
     refused: bool = False  # failed for its own events, not for the session's state
     barriers: list[asyncio.Future[None]] | None = None  # flushes waiting for it to settle
+    settled: bool = False  # written, or failed: what a flush waits for (its future may be cancelled first)
 
 
 @dataclass(eq=False)
@@ -287,8 +295,9 @@ class WriteBehind:
             try:
                 await _yield_once()
             except BaseException:
+                pending.awaited = False  # still queued: written as a submit() is
                 pending.future.cancel()
-                self._start(lane)  # still queued: written as a cancelled submit() is
+                self._start(lane)
                 raise
             finally:
                 self._lone_waiting = False
@@ -296,7 +305,13 @@ class WriteBehind:
             if self._accepted == accepted and self._lone(lane, pending):
                 return self._write_lone(lane, pending)
         self._start(lane)
-        return await pending.future
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            # The wait is cancelled, not the write: the events stay queued and are written
+            # as a submit()'s are (a failure then reaches on_error and the next flush).
+            pending.awaited = False
+            raise
 
     def _write_lone(self, lane: _Lane, pending: _Pending) -> int:
         """Write ``pending`` (alone in the queue, nothing in flight) here, on the loop;
@@ -311,9 +326,7 @@ class WriteBehind:
             if not isinstance(exc, Exception):
                 raise
         else:
-            pending.future.set_result(last)
-            if pending.barriers:
-                _wake(pending.barriers)
+            _resolve([pending], last)
             return last
         return pending.future.result()  # raises why it was not written
 
@@ -518,7 +531,7 @@ class WriteBehind:
     def _failed(self, lane: _Lane, batch: list[_Pending], exc: BaseException) -> None:
         """Nothing of ``batch`` was written (or, for an unknown outcome, maybe some was).
         Producers already answered (written before a cancellation) are left out."""
-        batch = [p for p in batch if not p.future.done()]
+        batch = [p for p in batch if not p.settled]
         if isinstance(exc, asyncio.CancelledError):
             lane.queue.extendleft(reversed(batch))
             return
@@ -646,14 +659,14 @@ class WriteBehind:
         if lane.dead is not None:
             raise lane.dead
         target = lane.queue[-1] if lane.queue else lane.last
-        if target is None or target.future.done():
+        if target is None or target.settled:
             lane.paused = None  # nothing left to retry: its producers were told
             lost, lane.lost = lane.lost, None
             if lost is not None:
                 raise lost
             return
         retried: SessionLogError | None = None
-        while not target.future.done():
+        while not target.settled:
             if lane.dead is not None:
                 raise lane.dead
             if lane.paused is not None:
@@ -672,7 +685,8 @@ class WriteBehind:
             finally:
                 lane.waiters.discard(waiter)
         lost, lane.lost = lane.lost, None
-        exc = None if target.refused else target.future.exception()
+        future = target.future
+        exc = None if target.refused or future.cancelled() else future.exception()
         if exc is not None:
             raise exc
         if lost is not None:
@@ -821,8 +835,10 @@ def _resolve(batch: list[_Pending], last: int) -> None:
     end = last - sum(len(p.events) for p in batch)
     for pending in batch:
         end += len(pending.events)
-        if not pending.future.done():
-            pending.future.set_result(end)
+        if not pending.settled:
+            pending.settled = True
+            if not pending.future.done():  # a cancelled future: its producer stopped waiting
+                pending.future.set_result(end)
             if pending.barriers:
                 _wake(pending.barriers)
 
@@ -834,9 +850,11 @@ def _refuse(pending: _Pending, exc: BaseException) -> None:
 
 def _fail(pending: Sequence[_Pending] | deque[_Pending], exc: BaseException) -> None:
     for p in pending:
-        if not p.future.done():
-            p.future.set_exception(exc)
-            p.future.exception()  # retrieved: the failure is also reported to on_error
+        if not p.settled:
+            p.settled = True
+            if not p.future.done():
+                p.future.set_exception(exc)
+                p.future.exception()  # retrieved: the failure is also reported to on_error
             if p.barriers:
                 _wake(p.barriers)
 
