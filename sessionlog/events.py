@@ -669,8 +669,13 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
     (not serializable, nested deeper than ``MAX_DEPTH``, a ``msgspec.Raw`` value that is
     not JSON or holds a line break); never RecursionError.
     """
-    if type(event) is not dict and not isinstance(event, Mapping):
-        raise RecordError(f"an event is a mapping, not {type(event).__name__}")
+    if type(event) is not dict:
+        if not isinstance(event, Mapping):
+            raise RecordError(f"an event is a mapping, not {type(event).__name__}")
+        try:  # read once, as it is now: a mapping's own code runs here, and only here
+            event = dict(event)
+        except Exception as exc:  # noqa: BLE001 - the caller's mapping failed to be read
+            raise RecordError(f"the event could not be read: {type(exc).__name__}: {exc}") from exc
     type_ = event.get("type")
     if type(type_) is not str or not type_:
         raise RecordError("an event needs a non-empty string 'type'")

@@ -254,6 +254,7 @@ class WriteBehind:
         encoded = plain_encoding(batch)  # the common case: records by construction, only sizes to check
         if encoded is not None and len(encoded) + ENVELOPE_BYTES <= self._limits.record_limit:
             return _decoder.decode(encoded), len(encoded) + ENVELOPE_BYTES * len(batch)
+        batch = [_read(event, i) for i, event in enumerate(batch)]  # each mapping's own code runs once
         lines = encode_batch(batch, 1, self._limits)
         copies: list[Mapping[str, Any]] = []
         for event, line in zip(batch, lines, strict=True):
@@ -773,16 +774,36 @@ class _Refused(InvalidEvent):
     encoder's RecursionError...): the events are refused, as an InvalidEvent."""
 
 
+def _read(event: Any, i: int) -> Any:
+    """``event`` as a plain dict when it is another mapping (InvalidEvent when reading it
+    fails); anything else as it is, for the store's checks to name."""
+    if type(event) is dict or not isinstance(event, Mapping):
+        return event
+    try:
+        return dict(event)
+    except Exception as exc:  # noqa: BLE001 - the caller's mapping failed to be read
+        raise InvalidEvent(f"event {i} of the batch: the event could not be read: "
+                           f"{type(exc).__name__}: {exc}") from exc
+
+
 def _encoded_size(events: list[Mapping[str, Any]]) -> int:
     """Bytes the events take encoded, plus the envelope: a batch's size before its seqs
     are known; InvalidEvent when they cannot be encoded at all."""
     try:
         return len(_encoder.encode(events)) + ENVELOPE_BYTES * len(events)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+        pass
+    # Events that are other mappings (the store takes any Mapping) are sized as the store
+    # encodes them: read into dicts.
+    read = [_read(e, i) for i, e in enumerate(events)]
+    try:
+        return len(_encoder.encode(read)) + ENVELOPE_BYTES * len(events)
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
         raise InvalidEvent(f"events cannot be encoded: {type(exc).__name__}: {exc}") from None
 
 
 _encoder = msgspec.json.Encoder()
+
 _decoder = msgspec.json.Decoder()
 _raw_members = msgspec.json.Decoder(dict[str, msgspec.Raw])
 

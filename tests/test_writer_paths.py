@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import selectors
 import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import pytest
 from sessionlog.backends.jsonl import open_jsonl
@@ -346,3 +348,32 @@ def test_what_arrives_while_a_group_commits_goes_into_the_next_group(sqlite_stor
     assert later == [3, 4] * 4 + [2, 3] * 8
     # Everything that arrived meanwhile, from all 12 sessions, went into one commit.
     assert spy.groups == [4, 12] and spy.singles == []
+
+
+class _Unreadable(Mapping):
+    def __getitem__(self, key):
+        raise RuntimeError("boom")
+
+    def __iter__(self):
+        return iter(["type"])
+
+    def __len__(self):
+        return 1
+
+
+def test_any_mapping_is_an_event_and_one_that_fails_to_be_read_is_invalid_event(tmp_path):
+    """What store.append takes, the writer takes (submit and append); an event whose own
+    code fails when read is refused to its producer as InvalidEvent, never a bare error."""
+    store = _jsonl(tmp_path, "s1")
+
+    async def main():
+        async with WriteBehind(store) as w:
+            w.submit("s1", [MappingProxyType({"type": "submitted"})])
+            assert await w.append("s1", [MappingProxyType({"type": "appended"})]) == 3
+            with pytest.raises(InvalidEvent, match="event 1 of the batch: the event could not be read: RuntimeError"):
+                w.submit("s1", [{"type": "fine"}, _Unreadable()])
+            with pytest.raises(InvalidEvent, match="event 0 of the batch: the event could not be read: RuntimeError"):
+                await w.append("s1", [_Unreadable()])
+
+    asyncio.run(main())
+    assert [r["type"] for r in store.read("s1")] == ["session/start", "submitted", "appended"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import pytest
 
@@ -135,6 +137,41 @@ def test_invalid_events_refused_and_nothing_written(store, event):
         handle.append([event])
     assert len(list(store.read("s1"))) == 1
     assert store.append("s1", [{"type": "fine"}]) == 2
+
+
+class _Unreadable(Mapping):
+    """An event mapping whose own code fails when it is read."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __getitem__(self, key):
+        raise self.exc
+
+    def __iter__(self):
+        return iter(["type", "x"])
+
+    def __len__(self):
+        return 2
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyError("type"), TypeError("no")])
+def test_an_event_that_fails_to_be_read_is_invalid_event_naming_why(store, exc):
+    store.create("s1")
+    event = _Unreadable(exc)
+    for append in (lambda: store.append("s1", [{"type": "fine"}, event]), lambda: store.append("s1", [event])):
+        with pytest.raises(InvalidEvent, match=f"event [01] of the batch: the event could not be read: "
+                                                f"{type(exc).__name__}"):
+            append()
+    with store.session("s1") as handle, pytest.raises(InvalidEvent, match="could not be read"):
+        handle.append([event])
+    assert len(list(store.read("s1"))) == 1
+
+
+def test_any_mapping_is_an_event(store):
+    store.create("s1")
+    assert store.append("s1", [MappingProxyType({"type": "a", "v": [1]}), {"type": "b"}]) == 3
+    assert [(r["type"], r.get("v")) for r in store.read("s1")][1:] == [("a", [1]), ("b", None)]
 
 
 def test_large_finite_numbers_round_trip(store):
