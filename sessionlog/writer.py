@@ -276,7 +276,8 @@ class WriteBehind:
 
         Raises what :meth:`submit` raises, and why the events were not written
         (InvalidEvent, SequenceConflict, SessionLocked, AppendFailed...): then they never
-        will be."""
+        will be. Cancelling the wait does not withdraw them: they are written once, as
+        submitted events are (do not retry; flush, then read the log)."""
         lane, pending = self._accept(session_id, events, expect_seq)
         pending.awaited = True
         if self._lone(lane, pending):
