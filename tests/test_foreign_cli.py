@@ -22,6 +22,7 @@ from sessionlog.durable import FileSystem
 from sessionlog.foreign import files
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
+CODEX = os.path.join(FIXTURES, "codex")
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -335,3 +336,30 @@ def test_a_tree_mixing_sessionlog_logs_and_foreign_files_says_which_is_which(tmp
     by = {r["session"]: r for r in rows(out)}
     assert code == 4 and by["cc"]["status"] == "error"
     assert "it is a Claude Code transcript: name the file" in by["cc"]["error"]
+
+
+def test_a_codex_rollout_with_ordinals_is_only_appended_to_unless_forced(tmp_path):
+    """Codex indexes byte offsets into a rollout whose lines carry ordinals: a repair that
+    would insert before the end (or move, drop, rewrite a line) is refused, nothing
+    written, exit 3; answers at the end are appended; --force rewrites it."""
+    lines = open(os.path.join(CODEX, "healthy-ordinals.jsonl"), "rb").read().splitlines(keepends=True)
+    path = tmp_path / "rollout-2026-01-01T00-00-00-0199a000-0000-7000-8000-000000000001.jsonl"
+    middle = b"".join(lines[:9] + lines[10:])  # call_A1shell's output lost: its answer goes mid-file
+    path.write_bytes(middle)
+    code, text = run("repair", str(path), "--json")
+    row = rows(text)[0]
+    assert code == 3 and row["status"] == "refused"
+    assert "ordinal" in row["reason"] and "line 13" in row["reason"] and "--force" in row["reason"]
+    scanned = rows(run("scan", str(path), "--json")[1])[0]
+    assert scanned["status"] == "needs-force" and "ordinal" in scanned["reason"]
+    assert path.read_bytes() == middle
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no backup, no quarantine
+    code, text = run("repair", str(path), "--force", "--json")
+    assert code == 0 and rows(text)[0]["status"] == "repaired"
+    assert run("scan", str(path))[0] == 0
+
+    end = b"".join(lines[:20])  # two calls at the end without outputs: answered by appends
+    path.write_bytes(end)
+    code, text = run("repair", str(path), "--json")
+    assert code == 0 and rows(text)[0]["status"] == "repaired"
+    assert path.read_bytes().startswith(end)

@@ -103,6 +103,19 @@ class Examination:
         return bool(self.damage.mid_log)
 
     @property
+    def offsets_refusal(self) -> str | None:
+        """Why a repair without ``--force`` is refused although nothing is damaged: the tool
+        indexes byte offsets into the file and the plan would change or shift existing
+        bytes (None when it only appends, or the file is not indexed so)."""
+        kept = self.analysis.offsets_indexed
+        if kept is None or self.plan.empty or self.plan.appends_only(self.lines):
+            return None
+        first = (self.plan.changed_lines() or sorted(i + 2 for i in self.plan.insert_after))[0]
+        return (f"{kept} (from line {first}). repair --force rewrites it anyway, and the offsets the tool "
+                "keeps for the lines after that become stale; `sessionlog show FILE --format openai` gives "
+                "the repaired history without changing the file")
+
+    @property
     def findings(self) -> list[Finding]:
         return self.analysis.findings
 
@@ -110,7 +123,7 @@ class Examination:
         """clean, open (a live process uses the file), repairable or needs-force."""
         if in_use:
             return Status.OPEN
-        if self.needs_force:
+        if self.needs_force or self.offsets_refusal is not None:
             return Status.NEEDS_FORCE
         if not self.plan.empty:
             return Status.REPAIRABLE

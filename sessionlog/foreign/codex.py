@@ -16,7 +16,10 @@ code, placed after the call and the items of the same response (before the next
 ``message`` or ``compacted`` line; at the end of the file when there is none, which makes the
 repair a durable append). Its ``timestamp`` is the preceding line's (a string, as Codex
 writes); at the end of a file whose lines carry ``ordinal`` it continues them, elsewhere it
-carries none (renumbering the lines after it would rewrite them). An output whose call is
+carries none (renumbering the lines after it would rewrite them). A rollout whose lines carry
+``ordinal`` is one Codex indexes by byte offset: a repair of it that would change or shift
+any existing byte (an answer before the end, a moved, quarantined or rewritten line) is
+refused without ``--force``; answers at its end are appended. An output whose call is
 missing, or a second output for a call, is removed into the quarantine file, as Codex
 drops them from the prompt it builds. The file stays at its path (Codex's SQLite index names
 it).
@@ -129,6 +132,9 @@ class Codex:
         ordinals = [obj["ordinal"] for line in lines if (obj := line.obj) is not None
                     and type(obj.get("ordinal")) is int]
         next_ordinal = max(ordinals) + 1 if ordinals else None
+        if ordinals:
+            analysis.offsets_indexed = ("its lines carry `ordinal`s: Codex indexes byte offsets into such a "
+                                        "rollout, and this repair would change or shift bytes before its end")
         for line in lines:
             obj = line.obj
             if obj is not None and obj.get("type") == "session_meta":

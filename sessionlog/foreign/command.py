@@ -208,6 +208,8 @@ def scan_row(path: str, fmt: ForeignFormat, name: str, held: OpenFiles | None = 
     }
     if status is Status.ERROR:
         row["error"] = f"{path}: no line decodes as a {fmt.title}"
+    elif status is Status.NEEDS_FORCE and not exam.needs_force:
+        row["reason"] = exam.offsets_refusal
     return row
 
 
@@ -253,6 +255,8 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             console.print(f"{row['file']}:{finding['line']}: {finding['detail']}", markup=False, highlight=False)
         for why in row["in_use"]:
             console.print(f"{row['file']}: in use: {why}", markup=False, highlight=False)
+        if row.get("reason"):
+            console.print(f"{row['file']}: needs --force: {row['reason']}", markup=False, highlight=False)
         if "error" in row:
             console.print(f"[red]{row['file']}[/]: {row['error']}", highlight=False)
     if not rows:
@@ -293,6 +297,10 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
             return row, exits.NEEDS_FORCE
         if exam.plan.empty:
             return row, exits.OK
+        refusal = exam.offsets_refusal
+        if refusal is not None and not force:
+            row.update(status="refused", reason=f"nothing written: {refusal}")
+            return row, exits.NEEDS_FORCE
         again = examine(exam.repaired(), fmt, force=force)
         if not again.plan.empty:
             row.update(status="refused", reason="the repair would not leave a clean file (a bug: please report "

@@ -140,3 +140,7 @@ class Analysis:
     session: str | None = None
     unanswered: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    offsets_indexed: str | None = None
+    """Why the file's existing bytes must stay where they are (the tool indexes byte
+    offsets into it), when they must: a repair that would change or shift them is then
+    refused without ``--force``."""
