@@ -794,3 +794,19 @@ def test_claude_a_branch_that_leaves_a_response_half_way_pairs_what_it_resumes(r
     answered = [b["tool_use_id"] for m in items if m["role"] == "user" for b in m["content"]
                 if b["type"] == "tool_result"]
     assert asked == answered == ["toolu_A"]
+
+
+def test_codex_tool_search_call_is_answered_with_no_tools_and_its_code_in_the_report():
+    """The one answer that cannot open with its code (a tool_search_output has no text):
+    as the README says, it holds no tools, and the report gives the code."""
+    data = load(os.path.join(CODEX, "healthy.jsonl"))
+    call = {"timestamp": "2026-11-30T10:01:00.000Z", "type": "response_item",
+            "payload": {"type": "tool_search_call", "call_id": "ts_1", "execution": "client",
+                        "arguments": {"query": "deploy"}}}
+    cut = data + json.dumps(call).encode() + b"\n"
+    exam = foreign.examine(cut, foreign.get("codex"))
+    new = entries(exam.repaired()[len(cut):])
+    assert [n["payload"] for n in new] == [{"type": "tool_search_output", "call_id": "ts_1", "status": "completed",
+                                            "execution": "client", "tools": []}]
+    assert [(a["type"], a["call_id"], a["code"]) for a in exam.plan.added] == [
+        ("tool_search_output", "ts_1", "TOOL_NOT_STARTED")]
