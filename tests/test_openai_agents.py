@@ -260,6 +260,17 @@ def test_limit_is_the_latest_items_in_order(store: sessionlog.EventStore) -> Non
     asyncio.run(scenario())
 
 
+def stored_item(record):
+    """The SDK item a record keeps: its ``item``, with the text its ``item_text`` member
+    names put back where the item holds null (the text is written once)."""
+    item = record.get("item")
+    member = record.get("item_text")
+    if member is not None:
+        assert item[member] is None and isinstance(record[member], str)
+        item = {**item, member: record[member]}
+    return item
+
+
 def test_pop_and_clear_append_records_and_never_delete_history(store: sessionlog.EventStore) -> None:
     async def scenario() -> None:
         session = SessionLogSession("s", store=store)
@@ -280,7 +291,7 @@ def test_pop_and_clear_append_records_and_never_delete_history(store: sessionlog
     kinds = [r["type"] for r in recs]
     assert kinds.count("agents/pop") == 1 and kinds.count("agents/clear") == 1
     # Everything ever added is still in the log, verbatim.
-    kept = [r.get("item") for r in recs] + [i for r in recs for i in r.get("items", [])]
+    kept = [stored_item(r) for r in recs] + [i for r in recs for i in r.get("items", [])]
     for item in ITEMS[:5]:
         assert item in kept
 
@@ -1031,3 +1042,36 @@ def test_what_survives_a_kill_at_each_point_of_a_turn(backend: str, point: str, 
     with sessionlog.open_store(url) as store:
         assert store.scan("conv").status == sessionlog.Status.CLEAN
     gen.close()
+
+
+def test_an_output_or_message_of_700_kb_is_stored_as_sqlite_session_stores_it(tmp_path: Path) -> None:
+    """A record holds an item's text once (the item's own member is written null and put
+    back on read): an output or user message of 700 KB fits the 1 MiB record, and reads
+    back equal, in its member order, after reopening."""
+    big = "é" * 350_000  # 700 KB of UTF-8
+    items = [
+        {"role": "user", "content": big},
+        {"type": "function_call", "call_id": "c1", "name": "dump", "arguments": "{}", "id": "fc1",
+         "status": "completed"},
+        {"type": "function_call_output", "call_id": "c1", "output": big},
+    ]
+    url = f"jsonl:{tmp_path}"
+
+    async def scenario() -> list[Any]:
+        reference = SQLiteSession("s", str(tmp_path / "ref.db"))
+        for item in items:
+            await reference.add_items([item])
+        expected = await reference.get_items()
+        async with SessionLogSession("s", store=url) as session:
+            for item in items:
+                await session.add_items([item])
+        async with SessionLogSession("s", store=url) as again:
+            got = await again.get_items()
+        assert got == expected == items
+        return got
+
+    got = asyncio.run(scenario())
+    assert [list(i) for i in got] == [list(i) for i in items]  # members in their order
+    size = (tmp_path / "s.jsonl").stat().st_size
+    assert size < 2 * 800_000  # each text once
+    assert sessionlog.open_store(url).scan("s").damage is None

@@ -7,14 +7,17 @@
     result = await Runner.run(agent, "deploy 1.2.3", session=session, hooks=session.run_hooks())
 
 :class:`SessionLogSession` implements the SDK's ``Session`` protocol over any sessionlog
-store. Every item the Runner adds is kept verbatim in a record and comes back from
+store. Every item the Runner adds is kept in a record and comes back from
 ``get_items()`` equal as a dict, in order. The items are also written in sessionlog's own
 vocabulary, so ``sessionlog scan``, ``repair`` and ``show`` understand the conversation:
 
-- a user message item is a ``user/message`` (``content``: its text; ``item``: the SDK item);
+- a user message item is a ``user/message`` (``content``: its text; ``item``: the SDK item;
+  a text is written once: when the item's own ``content`` is that string, ``item`` holds
+  null there and ``item_text`` names the record member holding it);
 - a model response (its reasoning, message and call items) is a ``step/start`` and an
   ``assistant/message`` (``tool_calls``: its calls; ``items``: the SDK items);
-- a call's output item is a ``tool/result`` (``output``: its text; ``item``: the SDK item),
+- a call's output item is a ``tool/result`` (``output``: its text; ``item``: the SDK item,
+  its ``output`` written once likewise),
   and ``step/end`` closes the step once every call of the response has its output;
 - any other item is an ``agents/item``; ``pop_item`` and ``clear_session`` append
   ``agents/pop`` and ``agents/clear``: nothing is ever deleted.
@@ -382,7 +385,11 @@ class Conversation:
         """Add the ``item`` of ``record`` (which has one)."""
         if record.get("provisional"):
             self._note_provisional(self.last_seq)
-        self.items.append(record["item"])
+        item = record["item"]
+        member = record.get("item_text")
+        if type(member) is str and type(item) is dict and item.get(member, 0) is None and member in record:
+            item = {**item, member: record[member]}  # the text the record holds once (see _carry)
+        self.items.append(item)
 
     def _note_provisional(self, seq: int) -> None:
         """A provisional record (``seq``) adds items from here on."""
@@ -563,9 +570,11 @@ class Conversation:
         call = self._call({"call_id": call_id})
         if call is None or call.answered:
             return []
-        return [{"type": "tool/result", "turn": self.turn, "step": self.open_step.step,  # type: ignore[union-attr]
-                 "call_id": call_id, "name": name, "output": _output_text(item), "is_error": False,
-                 "item": item, "provisional": True}]
+        event = {"type": "tool/result", "turn": self.turn, "step": self.open_step.step,  # type: ignore[union-attr]
+                 "call_id": call_id, "name": name, "output": _output_text(item), "is_error": False}
+        _carry(event, item, "output")
+        event["provisional"] = True
+        return [event]
 
     def _close_answered_step(self) -> list[dict[str, Any]]:
         step = self.open_step
@@ -615,6 +624,20 @@ def _as_item(value: Any) -> Any:
 def _output_text(item: Mapping[str, Any]) -> str:
     output = item.get("output")
     return output if isinstance(output, str) else _text(output)
+
+
+def _carry(event: dict[str, Any], item: Any, member: str) -> None:
+    """Put the SDK ``item`` in ``event`` (a ``user/message`` or ``tool/result`` whose
+    ``member``, ``content`` or ``output``, is the item's text). When the item's own
+    ``member`` is that very string, it is not written twice: the record's ``item`` holds
+    null there and ``item_text`` names the record member that holds the text (reading puts
+    it back). A large output then fits a record as it fits the SDK's own session."""
+    text = item.get(member) if type(item) is dict else None
+    if type(text) is str and text == event.get(member):
+        event["item"] = {**item, member: None}  # in its place, so the item reads back in its order
+        event["item_text"] = member
+    else:
+        event["item"] = item
 
 
 def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any], *,
@@ -700,7 +723,7 @@ class _AddPlan:
                 self.users = True
                 event = {"type": "user/message", "turn": turn, "content": _text(item.get("content"))}
                 if carry:
-                    event["item"] = item
+                    _carry(event, item, "content")
                     self.length += 1
                 append(event)
             elif kind == "output":
@@ -790,7 +813,7 @@ class _AddPlan:
         event = {"type": "tool/result", "turn": step.turn, "step": step.step, "call_id": call_id,
                  "name": self.names.get(call_id, call.name), "output": _output_text(item), "is_error": False}
         if self.carry:
-            event["item"] = item
+            _carry(event, item, "output")
             self.length += 1
         self.events.append(event)
         call.answered = True
