@@ -881,7 +881,7 @@ def _group_commit_failed(where: str, batches: list[GroupBatch], exc: BaseExcepti
 def _ownership_lost(where: str, session_id: str) -> AppendFailed:
     return AppendFailed(
         f"{where}: session {session_id!r}: the ownership lock was lost (its lock connection ended, "
-        "and the server released the lock); nothing was written: open the session again"
+        "and the server released the lock); nothing was written: close this handle, then open the session again"
     )
 
 
