@@ -223,6 +223,8 @@ def test_codex_ordinals_continue_at_the_end():
     last = json.loads(lines[19])["ordinal"]
     assert [n["ordinal"] for n in new] == [last + 1, last + 2]
     assert [n["payload"]["call_id"] for n in new] == ["call_C3ruff", "call_D4mypy"]
+    assert all(list(n) == ["timestamp", "ordinal", "type", "payload"] for n in new)  # as Codex writes a line
+    assert exam.in_place_refusal is None and exam.status() is Status.REPAIRABLE
 
 
 def test_codex_output_before_the_next_message_when_the_rollout_went_on():
@@ -410,8 +412,8 @@ def test_garbage_in_the_middle_needs_force(path):
 
 
 @st.composite
-def damaged_files(draw):
-    path = draw(st.sampled_from(ALL))
+def damaged_files(draw, paths=tuple(ALL)):
+    path = draw(st.sampled_from(paths))
     lines = raw_lines(load(path))
     for _ in range(draw(st.integers(0, 3))):
         if not lines:
@@ -443,6 +445,40 @@ def damaged_files(draw):
 def test_property_any_damage_repairs_to_a_paired_file_keeping_untouched_lines(case):
     path, data = case
     check_repair(fmt_of(path), data, force=True)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_files(paths=(os.path.join(CODEX, "healthy-ordinals.jsonl"),)))
+def test_property_a_rollout_with_ordinals_is_only_appended_to_or_refused(case):
+    """Codex keeps byte offsets into a rollout whose lines carry ordinals. Whatever the
+    damage, repair either keeps every byte up to the last newline where it is (cutting
+    only a torn last line) and appends answers numbered on from the highest ordinal, in
+    Codex's member order, leaving a clean file; or it refuses, naming a line of that
+    prefix, and writes nothing."""
+    _, data = case
+    exam = foreign.examine(data, foreign.get("codex"), force=True)
+    if not any(x.obj is not None and type(x.obj.get("ordinal")) is int for x in exam.lines):
+        return  # no line left shows the ordinals (nothing decodes: repair refuses it, exit 4)
+    prefix = data[: data.rfind(b"\n") + 1]
+    refusal = exam.in_place_refusal
+    if refusal is not None:
+        line, offset = map(int, re.search(r"from line (\d+) \(offset (\d+)\)", refusal).groups())
+        assert offset < len(prefix) and split_lines(data)[line - 1].offset == offset
+        assert exam.status() is Status.NEEDS_FORCE
+        return
+    after = exam.repaired()
+    assert after.startswith(prefix)
+    appended = b"".join(exam.plan.insert_after.get(len(exam.lines) - 1, ()))
+    assert after.endswith(appended)
+    # Between the two, what stays of a last line after the last newline: nothing (torn,
+    # cut), the line with its newline, or the entry a torn write was glued to.
+    kept = after[len(prefix): len(after) - len(appended)]
+    assert kept in (b"", data[len(prefix):] + b"\n") or data.endswith(kept.rstrip(b"\n"))
+    numbered = [o for x in split_lines(prefix + kept) if x.obj is not None and type(o := x.obj.get("ordinal")) is int]
+    new = [x.obj for x in split_lines(appended)]
+    assert [n["ordinal"] for n in new] == list(range(max(numbered) + 1, max(numbered) + 1 + len(new)))
+    assert all(list(n) == ["timestamp", "ordinal", "type", "payload"] for n in new)
+    assert foreign.examine(after, foreign.get("codex")).plan.empty
 
 
 @pytest.mark.parametrize("path", [os.path.join(CLAUDE, "dangling-call.jsonl"), os.path.join(CODEX, "dangling-call.jsonl")],

@@ -338,28 +338,101 @@ def test_a_tree_mixing_sessionlog_logs_and_foreign_files_says_which_is_which(tmp
     assert "it is a Claude Code transcript: name the file" in by["cc"]["error"]
 
 
-def test_a_codex_rollout_with_ordinals_is_only_appended_to_unless_forced(tmp_path):
-    """Codex indexes byte offsets into a rollout whose lines carry ordinals: a repair that
-    would insert before the end (or move, drop, rewrite a line) is refused, nothing
-    written, exit 3; answers at the end are appended; --force rewrites it."""
-    lines = open(os.path.join(CODEX, "healthy-ordinals.jsonl"), "rb").read().splitlines(keepends=True)
-    path = tmp_path / "rollout-2026-01-01T00-00-00-0199a000-0000-7000-8000-000000000001.jsonl"
-    middle = b"".join(lines[:9] + lines[10:])  # call_A1shell's output lost: its answer goes mid-file
-    path.write_bytes(middle)
-    code, text = run("repair", str(path), "--json")
+ORDINALS = os.path.join(CODEX, "healthy-ordinals.jsonl")
+ROLLOUT = "rollout-2026-01-01T00-00-00-0199a000-0000-7000-8000-000000000001.jsonl"
+
+
+def ordinal_lines() -> list[bytes]:
+    """The rollout whose lines carry ordinals, as Codex writes them: ``timestamp``,
+    ``ordinal`` (from 0), ``type``, ``payload``."""
+    with open(ORDINALS, "rb") as f:
+        return f.read().splitlines(keepends=True)
+
+
+def _orphan(lines: list[bytes]) -> list[bytes]:
+    extra = json.loads(lines[21])
+    extra["payload"]["call_id"] = "call_Z9gone"
+    return lines[:22] + [json.dumps(extra, separators=(",", ":")).encode() + b"\n"] + lines[22:]
+
+
+def _glued(lines: list[bytes]) -> list[bytes]:
+    return lines[:10] + [lines[10][:40] + lines[11]] + lines[12:]
+
+
+ORDINAL_REFUSALS = {
+    # what the damage is: (the lines, the 1-based line the refusal names)
+    "an answer before a later message": (lambda lines: lines[:9] + lines[10:], 13),
+    "a misplaced output": (lambda lines: lines[:20] + [lines[23], lines[20]] + lines[21:23] + lines[24:], 21),
+    "an orphan output": (_orphan, 23),
+    "a duplicate call": (lambda lines: lines[:20] + [lines[19]] + lines[20:], 21),
+    "a glued line": (_glued, 11),
+    "an undecodable line before the end": (lambda lines: lines[:5] + [b'{"timestamp":"2026-\x00\x00\n'] + lines[5:], 6),
+    "a complete undecodable last line": (lambda lines: lines[:20] + [b'{"timestamp":"2026-11-30T10:0\x00\x00\n'], 21),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ORDINAL_REFUSALS))
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_a_codex_rollout_with_ordinals_is_never_changed_before_its_end(tmp_path, damage, force):
+    """Codex keeps byte offsets into a rollout whose lines carry ordinals (its history
+    projection resumes at a stored offset; forks keep the offset they branched at): a
+    repair that would change or shift any byte up to the last newline (an answer before
+    the end, a moved, quarantined or rewritten line, an undecodable line removed, even a
+    complete one at the end, which Codex has read past) is refused, --force included:
+    exit 3, nothing written, the reason names the file, the line and its offset."""
+    make, line = ORDINAL_REFUSALS[damage]
+    data = b"".join(make(ordinal_lines()))
+    path = tmp_path / ROLLOUT
+    path.write_bytes(data)
+    offset = sum(map(len, data.splitlines(keepends=True)[: line - 1]))
+    code, text = run("repair", str(path), "--json", *(["--force"] if force else []))
     row = rows(text)[0]
-    assert code == 3 and row["status"] == "refused"
-    assert "ordinal" in row["reason"] and "line 13" in row["reason"] and "--force" in row["reason"]
-    scanned = rows(run("scan", str(path), "--json")[1])[0]
-    assert scanned["status"] == "needs-force" and "ordinal" in scanned["reason"]
-    assert path.read_bytes() == middle
+    assert (code, row["status"]) == (3, "refused"), row
+    assert row["reason"].startswith(f"{path}: its lines carry `ordinal`s")
+    assert f"from line {line} (offset {offset}) on" in row["reason"] and "--force included" in row["reason"]
+    assert path.read_bytes() == data
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no backup, no quarantine
-    code, text = run("repair", str(path), "--force", "--json")
-    assert code == 0 and rows(text)[0]["status"] == "repaired"
+    scanned = rows(run("scan", str(path), "--json")[1])[0]
+    assert scanned["status"] == "needs-force" and f"from line {line} (offset {offset})" in scanned["reason"]
+    assert run("scan", str(path))[0] == 3
+    code, shown = run("show", str(path), "--format", "responses", "--check")
+    assert code == 0 and path.read_bytes() == data  # the repaired history, read only
+
+
+def test_a_codex_rollout_with_ordinals_gets_its_answers_appended_with_the_next_ordinals(tmp_path):
+    """Calls at the end of the rollout: their answers are a durable append, each line in
+    Codex's shape (timestamp, ordinal, type, payload) with the next ordinal; every byte
+    before stays where it was."""
+    lines = ordinal_lines()
+    data = b"".join(lines[:20])  # ends with two parallel calls, no outputs
+    path = tmp_path / ROLLOUT
+    path.write_bytes(data)
+    inode = os.stat(path).st_ino
+    code, text = run("repair", str(path), "--json")
+    assert code == 0 and rows(text)[0]["status"] == "repaired" and rows(text)[0]["quarantine"] is None
+    after = path.read_bytes()
+    assert after.startswith(data) and os.stat(path).st_ino == inode  # appended in place
+    new = [json.loads(x) for x in after[len(data):].splitlines()]
+    assert [list(n) for n in new] == [["timestamp", "ordinal", "type", "payload"]] * 2
+    assert [n["ordinal"] for n in new] == [20, 21]  # the lines there carry 0..19
+    assert [n["payload"]["call_id"] for n in new] == ["call_C3ruff", "call_D4mypy"]
     assert run("scan", str(path))[0] == 0
 
-    end = b"".join(lines[:20])  # two calls at the end without outputs: answered by appends
-    path.write_bytes(end)
+
+def test_a_codex_rollout_with_ordinals_loses_its_torn_last_line_and_gets_the_answers(tmp_path):
+    """A torn last line (no newline: no reader took it in) is cut and quarantined, and the
+    answers take its place with the ordinals that follow the last complete line."""
+    lines = ordinal_lines()
+    prefix = b"".join(lines[:20])
+    torn = lines[20][:57]
+    path = tmp_path / ROLLOUT
+    path.write_bytes(prefix + torn)
     code, text = run("repair", str(path), "--json")
-    assert code == 0 and rows(text)[0]["status"] == "repaired"
-    assert path.read_bytes().startswith(end)
+    row = rows(text)[0]
+    assert code == 0 and row["status"] == "repaired" and row["truncated_bytes"] == len(torn)
+    after = path.read_bytes()
+    assert after.startswith(prefix)
+    assert [json.loads(x)["ordinal"] for x in after[len(prefix):].splitlines()] == [20, 21]
+    with open(row["quarantine"], "rb") as f:
+        assert f.read() == torn
+    assert run("scan", str(path))[0] == 0

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ..contract import Damage, Status
 from .lines import Line, LineDamage, classify, split_lines, unglue
-from .plan import GLUED_LINE, Analysis, Finding, Plan, apply
+from .plan import GLUED_LINE, Analysis, Finding, Plan, apply, first_changed_line
 
 FORMATS: dict[str, str] = {
     "claude-code": "sessionlog.foreign.claude_code",
@@ -103,27 +103,45 @@ class Examination:
         return bool(self.damage.mid_log)
 
     @property
-    def offsets_refusal(self) -> str | None:
-        """Why a repair without ``--force`` is refused although nothing is damaged: the tool
-        indexes byte offsets into the file and the plan would change or shift existing
-        bytes (None when it only appends, or the file is not indexed so)."""
-        kept = self.analysis.offsets_indexed
-        if kept is None or self.plan.empty or self.plan.appends_only(self.lines):
+    def in_place_refusal(self) -> str | None:
+        """Why repair refuses to write this file, ``--force`` included, although the plan
+        would repair it: the tool keeps byte offsets into the file
+        (``analysis.offsets_indexed``) and the repair would change or shift bytes of its
+        durable prefix (a line before the end changed, moved or removed, an insertion
+        before the end; with ``--force``, an undecodable line before the end removed).
+        None when the repair only cuts what follows the last newline and appends, or the
+        file is not indexed so. Names the first line concerned and its offset."""
+        indexed = self.analysis.offsets_indexed
+        if indexed is None:
             return None
-        first = (self.plan.changed_lines() or sorted(i + 2 for i in self.plan.insert_after))[0]
-        return (f"{kept} (from line {first}). repair --force rewrites it anyway, and the offsets the tool "
-                "keeps for the lines after that become stale; `sessionlog show FILE --format openai` gives "
-                "the repaired history without changing the file")
+        concerned = [self.damage.mid_log[0]] if self.damage.mid_log else []
+        changed = None if self.plan.empty else first_changed_line(self.lines, self.plan)
+        if changed is not None:
+            concerned.append(changed)
+        if not concerned:
+            return None
+        line = min(concerned, key=lambda found: found.index)
+        if self.damage.mid_log and line is self.damage.mid_log[0]:
+            why = f"line {line.number} does not decode and decodable lines follow it"
+        else:
+            first = next((f for f in self.findings if f.repairable), None)
+            why = f"line {first.line}: {first.detail}" if first is not None else "its last lines do not decode"
+        return (f"{indexed}. Repairing it would change or shift its bytes from line {line.number} (offset "
+                f"{line.offset}) on ({why}), and such a file is only ever appended to, --force included: "
+                "nothing written. `sessionlog show FILE --format responses` shows the repaired history and "
+                "`sessionlog convert --repaired FILE DST` imports it, without changing the file")
 
     @property
     def findings(self) -> list[Finding]:
         return self.analysis.findings
 
     def status(self, in_use: bool = False) -> Status:
-        """clean, open (a live process uses the file), repairable or needs-force."""
+        """clean, open (a live process uses the file), repairable, or needs-force: repair
+        refuses it without ``--force`` (damage before the end), or at all
+        (:attr:`in_place_refusal`)."""
         if in_use:
             return Status.OPEN
-        if self.needs_force or self.offsets_refusal is not None:
+        if self.needs_force or self.in_place_refusal is not None:
             return Status.NEEDS_FORCE
         if not self.plan.empty:
             return Status.REPAIRABLE

@@ -14,12 +14,15 @@ Repair, in the shape Codex itself uses when it patches a prompt: for each call w
 output, an output item with the same ``call_id`` carrying sessionlog's recovery text and
 code, placed after the call and the items of the same response (before the next
 ``message`` or ``compacted`` line; at the end of the file when there is none, which makes the
-repair a durable append). Its ``timestamp`` is the preceding line's (a string, as Codex
-writes); at the end of a file whose lines carry ``ordinal`` it continues them, elsewhere it
+repair a durable append). Its ``timestamp`` is that of the nearest line before it that has
+one (a string, as Codex writes); at the end of a file whose lines carry ``ordinal`` it continues them, elsewhere it
 carries none (renumbering the lines after it would rewrite them). A rollout whose lines carry
-``ordinal`` is one Codex indexes by byte offset: a repair of it that would change or shift
-any existing byte (an answer before the end, a moved, quarantined or rewritten line) is
-refused without ``--force``; answers at its end are appended. An output whose call is
+``ordinal`` is one Codex keeps byte offsets into (its history projection, forks): its
+durable prefix (every line up to the last newline) is never changed or shifted. Answers at
+its end are appended, each with the next ordinal in the member order its lines use, after
+a torn last line is cut; a repair that would do anything else (an answer before the end, a
+moved, quarantined or rewritten line, an undecodable line removed) is refused, ``--force``
+included (:attr:`sessionlog.foreign.Examination.in_place_refusal`). An output whose call is
 missing, or a second output for a call, is removed into the quarantine file, as Codex
 drops them from the prompt it builds. The file stays at its path (Codex's SQLite index names
 it).
@@ -129,12 +132,15 @@ class Codex:
         analysis = Analysis()
         plan = analysis.plan
         evidence: dict[str, str] = {}
-        ordinals = [obj["ordinal"] for line in lines if (obj := line.obj) is not None
-                    and type(obj.get("ordinal")) is int]
-        next_ordinal = max(ordinals) + 1 if ordinals else None
-        if ordinals:
-            analysis.offsets_indexed = ("its lines carry `ordinal`s: Codex indexes byte offsets into such a "
-                                        "rollout, and this repair would change or shift bytes before its end")
+        numbered = [obj for line in lines if (obj := line.obj) is not None and type(obj.get("ordinal")) is int]
+        next_ordinal = max(obj["ordinal"] for obj in numbered) + 1 if numbered else None
+        # The member order of the lines Codex numbers: its latest whole line's.
+        shape = next((obj for obj in reversed(numbered) if {"timestamp", "type", "payload"} <= obj.keys()), None)
+        if numbered:
+            analysis.offsets_indexed = (
+                "its lines carry `ordinal`s, and Codex keeps byte offsets into such a rollout (its history "
+                "projection resumes reading at a stored offset and expects the next ordinal there; a fork "
+                "keeps the offset it branched off at)")
         for line in lines:
             obj = line.obj
             if obj is not None and obj.get("type") == "session_meta":
@@ -203,12 +209,13 @@ class Codex:
                 after = self._answer_point(lines, index)
                 ev = evidence.get(cid)
                 code = answer_code(ev)
-                template = lines[after].obj if lines[after].obj is not None else lines[index].obj or {}
+                template = next((obj for line in reversed(lines[: after + 1]) if (obj := line.obj) is not None
+                                 and isinstance(obj.get("timestamp"), str)), lines[index].obj or {})
                 ordinal = None
                 if after == last and next_ordinal is not None:
                     ordinal, next_ordinal = next_ordinal, next_ordinal + 1
                 plan.insert(after, encode_entry(_output_line(template, item, cid, answer_text(
-                    _tool_name(item), cid, ev), ordinal)))
+                    _tool_name(item), cid, ev), ordinal, shape if ordinal is not None else None)))
                 plan.added.append({"type": ANSWER[str(_kind(item))], "call_id": cid, "code": code,
                                    "after_line": lines[after].number})
                 analysis.unanswered.append(cid)
@@ -317,9 +324,11 @@ def _output_text(item: Mapping[str, Any]) -> str:
 
 
 def _output_line(template: Mapping[str, Any], call: Mapping[str, Any], cid: str, text: str,
-                 ordinal: int | None) -> dict[str, Any]:
-    """The rollout line answering ``call``, members in the order of ``template`` (the line
-    before it)."""
+                 ordinal: int | None, shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The rollout line answering ``call``: the ``timestamp`` of ``template`` (the
+    nearest line before it that has one), members in the order of ``shape`` (a line
+    carrying an ordinal, when the answer gets one), else of ``template``; members neither
+    has in Codex's order: ``timestamp``, ``ordinal``, ``type``, ``payload``."""
     kind = ANSWER[str(_kind(call))]
     if kind == "tool_search_output":
         payload: dict[str, Any] = {"type": kind, "call_id": cid, "status": "completed",
@@ -329,8 +338,9 @@ def _output_line(template: Mapping[str, Any], call: Mapping[str, Any], cid: str,
     values = {"timestamp": str_or_none(template.get("timestamp")), "type": "response_item", "payload": payload}
     if ordinal is not None:
         values["ordinal"] = ordinal
-    order = [k for k in template if k in values] + [k for k in ("timestamp", "type", "payload", "ordinal")
-                                                     if k not in template]
+    model = template if shape is None else shape
+    order = [k for k in model if k in values] + [k for k in ("timestamp", "ordinal", "type", "payload")
+                                                  if k not in model]
     return {k: values[k] for k in order if k in values and values[k] is not None}
 
 

@@ -208,8 +208,8 @@ def scan_row(path: str, fmt: ForeignFormat, name: str, held: OpenFiles | None = 
     }
     if status is Status.ERROR:
         row["error"] = f"{path}: no line decodes as a {fmt.title}"
-    elif status is Status.NEEDS_FORCE and not exam.needs_force:
-        row["reason"] = exam.offsets_refusal
+    elif status is Status.NEEDS_FORCE and (refusal := exam.in_place_refusal) is not None:
+        row["reason"] = refusal
     return row
 
 
@@ -256,7 +256,7 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
         for why in row["in_use"]:
             console.print(f"{row['file']}: in use: {why}", markup=False, highlight=False)
         if row.get("reason"):
-            console.print(f"{row['file']}: needs --force: {row['reason']}", markup=False, highlight=False)
+            console.print(f"{row['file']}: repair refuses it: {row['reason']}", markup=False, highlight=False)
         if "error" in row:
             console.print(f"[red]{row['file']}[/]: {row['error']}", highlight=False)
     if not rows:
@@ -268,9 +268,11 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
 
 def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) -> tuple[dict[str, Any], int]:
     """Repair one file (or, with ``dry_run``, say what repair would do, writing nothing):
-    the report row and its exit code (0 clean or repaired, 3 needs --force, 5 in use by a
-    live process, 4 an error). The plan is checked in memory before anything is written:
-    the repaired file must need no further repair."""
+    the report row and its exit code (0 clean or repaired, 3 refused: it needs --force, or
+    the tool keeps byte offsets into the file and the repair would not only append to it
+    (:attr:`Examination.in_place_refusal`, --force included), 5 in use by a live process, 4
+    an error). The plan is checked in memory before anything is written: the repaired file
+    must need no further repair."""
     row: dict[str, Any] = {"session": _session(path, None), "path": path, "format": fmt.name,
                            "status": "clean", "reason": None, "truncated_bytes": 0, "quarantine": None,
                            "backup": None, "appended": [], "changed_lines": []}
@@ -290,6 +292,10 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
             row.update(status="refused", reason="in use by a live process: " + "; ".join(busy)
                        + " (repair --force to repair anyway)")
             return row, exits.LOCKED
+        refusal = exam.in_place_refusal  # --force or not: the tool keeps offsets into the file
+        if refusal is not None:
+            row.update(status="refused", reason=f"{path}: {refusal}")
+            return row, exits.NEEDS_FORCE
         if exam.needs_force and not force:
             damage = exam.tail_damage
             assert damage is not None
@@ -297,10 +303,6 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
             return row, exits.NEEDS_FORCE
         if exam.plan.empty:
             return row, exits.OK
-        refusal = exam.offsets_refusal
-        if refusal is not None and not force:
-            row.update(status="refused", reason=f"nothing written: {refusal}")
-            return row, exits.NEEDS_FORCE
         again = examine(exam.repaired(), fmt, force=force)
         if not again.plan.empty:
             row.update(status="refused", reason="the repair would not leave a clean file (a bug: please report "

@@ -124,6 +124,42 @@ def apply(lines: list[Line], plan: Plan) -> list[bytes]:
     return out
 
 
+def durable_end(lines: list[Line]) -> int:
+    """Where a file's durable prefix ends: after its last newline. A tool that reads
+    complete lines only (Codex's history projection) has read at most that far; what
+    follows is a torn last line no reader has taken in."""
+    if not lines:
+        return 0
+    last = lines[-1]
+    return last.end if last.terminated else last.offset
+
+
+def first_changed_line(lines: list[Line], plan: Plan) -> Line | None:
+    """The first line of the durable prefix (:func:`durable_end`) whose bytes the
+    repaired file does not hold at the same offset (the plan drops, rewrites or moves it,
+    or inserts before it), or None when the plan leaves the prefix byte for byte where it
+    is: it only cuts what follows the last newline and appends. Judged on the bytes
+    :func:`apply` produces, chunk by chunk, without joining them."""
+    end = durable_end(lines)
+    at = 0  # offset in the repaired file
+    index = 0  # the line of the original file that holds offset ``at``
+    for chunk in apply(lines, plan):
+        view = memoryview(chunk)
+        while view and at < end:
+            line = lines[index]
+            start = at - line.offset
+            take = min(len(view), line.end - at)
+            if view[:take] != memoryview(line.raw)[start:start + take]:
+                return line
+            view = view[take:]
+            at += take
+            if at == line.end:
+                index += 1
+        if at >= end:
+            return None
+    return lines[index] if at < end else None  # the repaired file ends inside the prefix
+
+
 def appended_bytes(lines: list[Line], plan: Plan) -> bytes:
     """What an append-only plan adds at the end of the file."""
     last = len(lines) - 1
@@ -141,6 +177,6 @@ class Analysis:
     unanswered: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     offsets_indexed: str | None = None
-    """Why the file's existing bytes must stay where they are (the tool indexes byte
-    offsets into it), when they must: a repair that would change or shift them is then
-    refused without ``--force``."""
+    """Why the durable prefix of the file must stay byte for byte where it is (the tool
+    keeps byte offsets into it), when it must: a repair that would change or shift any of
+    it is refused, ``--force`` included (:attr:`Examination.in_place_refusal`)."""
