@@ -832,17 +832,48 @@ def test_claude_a_branch_that_leaves_a_response_half_way_pairs_what_it_resumes(r
     assert asked == answered == ["toolu_A"]
 
 
-def test_codex_tool_search_call_is_answered_with_no_tools_and_its_code_in_the_report():
-    """The one answer that cannot open with its code (a tool_search_output has no text):
-    as the README says, it holds no tools, and the report gives the code."""
+CODEX_CALLS = {
+    "function_call": {"type": "function_call", "name": "shell", "arguments": "{\"command\":[\"ls\"]}",
+                      "call_id": "c_1"},
+    "local_shell_call": {"type": "local_shell_call", "call_id": "c_1", "status": "in_progress",
+                         "action": {"type": "exec", "command": ["ls"]}},
+    "custom_tool_call": {"type": "custom_tool_call", "status": "completed", "call_id": "c_1", "name": "apply_patch",
+                         "input": "*** Begin Patch\n*** End Patch\n"},
+    "tool_search_call": {"type": "tool_search_call", "call_id": "c_1", "execution": "client",
+                         "arguments": {"query": "deploy"}},
+}
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["not-started", "started"])
+@pytest.mark.parametrize("kind", sorted(CODEX_CALLS))
+def test_codex_every_call_type_is_answered_with_its_recovery_code(kind, started):
+    """Every call type Codex pairs gets an answer that carries its code: the output text
+    opens with it; a tool_search_output, which has no text, is "incomplete" (not a search
+    that ran and found nothing), loads no tools, and keeps the code and text in
+    sessionlog_recovery; read back, each is sessionlog's own error result with its code."""
+    from sessionlog.foreign.codex import ANSWER
+
     data = load(os.path.join(CODEX, "healthy.jsonl"))
-    call = {"timestamp": "2026-11-30T10:01:00.000Z", "type": "response_item",
-            "payload": {"type": "tool_search_call", "call_id": "ts_1", "execution": "client",
-                        "arguments": {"query": "deploy"}}}
-    cut = data + json.dumps(call).encode() + b"\n"
-    exam = foreign.examine(cut, foreign.get("codex"))
-    new = entries(exam.repaired()[len(cut):])
-    assert [n["payload"] for n in new] == [{"type": "tool_search_output", "call_id": "ts_1", "status": "completed",
-                                            "execution": "client", "tools": []}]
-    assert [(a["type"], a["call_id"], a["code"]) for a in exam.plan.added] == [
-        ("tool_search_output", "ts_1", "TOOL_NOT_STARTED")]
+    stamp = '{"timestamp":"2026-11-30T10:01:00.000Z",'
+    cut = data + (stamp + '"type":"response_item","payload":' + json.dumps(CODEX_CALLS[kind]) + "}\n").encode()
+    if started:
+        cut += (stamp + '"type":"event_msg","payload":{"type":"exec_command_begin","call_id":"c_1"}}\n').encode()
+    code = "TOOL_OUTCOME_UNKNOWN" if started else "TOOL_NOT_STARTED"
+    fmt = foreign.get("codex")
+    exam = foreign.examine(cut, fmt)
+    [new] = entries(exam.repaired()[len(cut):])
+    payload = new["payload"]
+    assert payload["type"] == ANSWER[kind] and payload["call_id"] == "c_1"
+    if kind == "tool_search_call":
+        assert (payload["status"], payload["execution"], payload["tools"]) == ("incomplete", "client", [])
+        assert payload["sessionlog_recovery"]["code"] == code
+        text = payload["sessionlog_recovery"]["text"]
+        assert "output" not in payload
+    else:
+        text = payload["output"]
+    assert text.startswith(f"{code}: the call to tool ")
+    assert [(a["call_id"], a["code"]) for a in exam.plan.added] == [("c_1", code)]
+    [result] = [e for e in fmt.events(split_lines(exam.repaired())) if e["type"] == "tool/result"
+                and e["call_id"] == "c_1"]
+    assert (result["code"], result["is_error"], result["synthetic"]) == (code, True, True)
+    assert result["output"] == text

@@ -436,3 +436,26 @@ def test_a_codex_rollout_with_ordinals_loses_its_torn_last_line_and_gets_the_ans
     with open(row["quarantine"], "rb") as f:
         assert f.read() == torn
     assert run("scan", str(path))[0] == 0
+
+
+def test_a_codex_tool_search_answer_on_disk_carries_its_code_and_shows_it(tmp_path):
+    """The appended tool_search_output claims no completed search (status incomplete, no
+    tools), keeps the code and text for people and tools, and `show` gives them back as
+    the call's answer."""
+    with open(os.path.join(CODEX, "healthy.jsonl"), "rb") as f:
+        data = f.read()
+    data += (b'{"timestamp":"2026-11-30T10:01:00.000Z","type":"response_item","payload":{"type":"tool_search_call",'
+             b'"call_id":"ts_1","execution":"client","arguments":{"query":"deploy"}}}\n')
+    path = tmp_path / "rollout.jsonl"
+    path.write_bytes(data)
+    code, text = run("repair", str(path), "--json")
+    assert code == 0 and rows(text)[0]["appended"][0]["code"] == "TOOL_NOT_STARTED"
+    after = path.read_bytes()
+    assert after.startswith(data)
+    [line] = rows(after[len(data):].decode())
+    assert line["payload"]["status"] == "incomplete" and line["payload"]["tools"] == []
+    assert line["payload"]["sessionlog_recovery"]["code"] == "TOOL_NOT_STARTED"
+    code, shown = run("show", str(path), "--format", "openai", "--check")
+    assert code == 0
+    [answer] = [m for m in json.loads(shown)["messages"] if m.get("tool_call_id") == "ts_1"]
+    assert answer["content"].startswith("TOOL_NOT_STARTED: ")

@@ -12,7 +12,9 @@ module relies on:
 
 Repair, in the shape Codex itself uses when it patches a prompt: for each call without an
 output, an output item with the same ``call_id`` carrying sessionlog's recovery text and
-code, placed after the call and the items of the same response (before the next
+code (its ``output`` opens with the code; a ``tool_search_output``, which has no text, is
+``status: "incomplete"`` with no tools and the code and text in its ``sessionlog_recovery``
+member), placed after the call and the items of the same response (before the next
 ``message`` or ``compacted`` line; at the end of the file when there is none, which makes the
 repair a durable append). Its ``timestamp`` is that of the nearest line before it that has
 one (a string, as Codex writes); at the end of a file whose lines carry ``ordinal`` it continues them, elsewhere it
@@ -214,7 +216,7 @@ class Codex:
                 ordinal = None
                 if after == last and next_ordinal is not None:
                     ordinal, next_ordinal = next_ordinal, next_ordinal + 1
-                plan.insert(after, encode_entry(_output_line(template, item, cid, answer_text(
+                plan.insert(after, encode_entry(_output_line(template, item, cid, code, answer_text(
                     _tool_name(item), cid, ev), ordinal, shape if ordinal is not None else None)))
                 plan.added.append({"type": ANSWER[str(_kind(item))], "call_id": cid, "code": code,
                                    "after_line": lines[after].number})
@@ -305,10 +307,21 @@ class Codex:
         return []
 
 
+RECOVERY = "sessionlog_recovery"
+"""The payload member of a ``tool_search_output`` sessionlog wrote that holds its
+recovery ``code`` and ``text``: that item has no text member the model reads (``call_id``,
+``execution``, ``status``, ``tools``), so the answer says what it can there (``status``
+``incomplete``, no tools) and keeps the code here. Codex ignores members it does not know
+when it reads the line, and sends the model only the item's own."""
+
+
 def _failed(item: Mapping[str, Any]) -> bool:
     """True for an output Codex recorded as failed: an ``output`` object whose
-    ``success`` is false (a plain string output says nothing either way)."""
+    ``success`` is false (a plain string output says nothing either way), or a
+    ``tool_search_output`` whose ``status`` is not ``completed``."""
     output = item.get("output")
+    if item.get("type") == "tool_search_output":
+        return item.get("status", "completed") != "completed"
     return isinstance(output, Mapping) and output.get("success") is False
 
 
@@ -319,20 +332,28 @@ def _output_text(item: Mapping[str, Any]) -> str:
     if isinstance(output, Mapping):
         return content_text(output.get("content"))
     if item.get("type") == "tool_search_output":
+        recovery = item.get(RECOVERY)
+        if isinstance(recovery, Mapping) and isinstance(recovery.get("text"), str):
+            return recovery["text"]  # an answer sessionlog wrote: its text, which opens with its code
         return json.dumps(item.get("tools", []))
     return content_text(output)
 
 
-def _output_line(template: Mapping[str, Any], call: Mapping[str, Any], cid: str, text: str,
+def _output_line(template: Mapping[str, Any], call: Mapping[str, Any], cid: str, code: str, text: str,
                  ordinal: int | None, shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The rollout line answering ``call``: the ``timestamp`` of ``template`` (the
+    """The rollout line answering ``call`` with recovery ``code`` and ``text``: the ``timestamp`` of ``template`` (the
     nearest line before it that has one), members in the order of ``shape`` (a line
     carrying an ordinal, when the answer gets one), else of ``template``; members neither
     has in Codex's order: ``timestamp``, ``ordinal``, ``type``, ``payload``."""
     kind = ANSWER[str(_kind(call))]
     if kind == "tool_search_output":
-        payload: dict[str, Any] = {"type": kind, "call_id": cid, "status": "completed",
-                                   "execution": call.get("execution", "client"), "tools": []}
+        # No text the model reads: the search is "incomplete" (a status the Responses API
+        # takes for this item; "completed" would say it ran and found nothing), loads no
+        # tools, and the code and text go in a member Codex passes over (RECOVERY).
+        execution = call.get("execution")
+        payload: dict[str, Any] = {"type": kind, "call_id": cid, "status": "incomplete",
+                                   "execution": execution if execution in ("client", "server") else "client",
+                                   "tools": [], RECOVERY: {"code": code, "text": text}}
     else:
         payload = {"type": kind, "call_id": cid, "output": text}
     values = {"timestamp": str_or_none(template.get("timestamp")), "type": "response_item", "payload": payload}
