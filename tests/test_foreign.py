@@ -463,7 +463,7 @@ def test_property_a_rollout_with_ordinals_is_only_appended_to_or_refused(case):
     refusal = exam.in_place_refusal
     if refusal is not None:
         line, offset = map(int, re.search(r"from line (\d+) \(offset (\d+)\)", refusal).groups())
-        assert offset < len(prefix) and split_lines(data)[line - 1].offset == offset
+        assert offset <= len(prefix) and split_lines(data)[line - 1].offset == offset
         assert exam.status() is Status.NEEDS_FORCE
         return
     after = exam.repaired()
@@ -474,6 +474,7 @@ def test_property_a_rollout_with_ordinals_is_only_appended_to_or_refused(case):
     # cut), the line with its newline, or the entry a torn write was glued to.
     kept = after[len(prefix): len(after) - len(appended)]
     assert kept in (b"", data[len(prefix):] + b"\n") or data.endswith(kept.rstrip(b"\n"))
+    assert set(exam.plan.insert_after) <= {len(exam.lines) - 1}  # no line inserted before the last
     numbered = [o for x in split_lines(prefix + kept) if x.obj is not None and type(o := x.obj.get("ordinal")) is int]
     new = [x.obj for x in split_lines(appended)]
     assert [n["ordinal"] for n in new] == list(range(max(numbered) + 1, max(numbered) + 1 + len(new)))

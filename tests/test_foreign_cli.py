@@ -368,6 +368,9 @@ ORDINAL_REFUSALS = {
     "a glued line": (_glued, 11),
     "an undecodable line before the end": (lambda lines: lines[:5] + [b'{"timestamp":"2026-\x00\x00\n'] + lines[5:], 6),
     "a complete undecodable last line": (lambda lines: lines[:20] + [b'{"timestamp":"2026-11-30T10:0\x00\x00\n'], 21),
+    # call_C3ruff's output lost, the last line (a message) lacks its newline: the answer
+    # would go before it, where it could carry no ordinal.
+    "an answer before a last line without newline": (lambda lines: lines[:20] + lines[21:23] + [lines[23][:-1]], 23),
 }
 
 

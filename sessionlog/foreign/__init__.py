@@ -108,13 +108,17 @@ class Examination:
         would repair it: the tool keeps byte offsets into the file
         (``analysis.offsets_indexed``) and the repair would change or shift bytes of its
         durable prefix (a line before the end changed, moved or removed, an insertion
-        before the end; with ``--force``, an undecodable line before the end removed).
+        before the end; with ``--force``, an undecodable line before the end removed), or
+        insert a line anywhere but at the very end.
         None when the repair only cuts what follows the last newline and appends, or the
         file is not indexed so. Names the first line concerned and its offset."""
         indexed = self.analysis.offsets_indexed
         if indexed is None:
             return None
         concerned = [self.damage.mid_log[0]] if self.damage.mid_log else []
+        # An answer before the last line, even one no reader has taken in yet (no newline),
+        # would come before lines the tool numbered after it: it could not be numbered.
+        concerned += [self.lines[i + 1] for i in self.plan.insert_after if i < len(self.lines) - 1]
         changed = None if self.plan.empty else first_changed_line(self.lines, self.plan)
         if changed is not None:
             concerned.append(changed)
