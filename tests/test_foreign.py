@@ -183,6 +183,59 @@ def test_claude_healthy_with_parallel_branching_results_and_compaction_is_clean(
     assert check_pairing(items, "anthropic") is None
 
 
+INTERRUPTED = b'{"type":"text","text":"[Request interrupted by user for tool use]"}'
+
+
+def interrupted_results(data: bytes) -> bytes:
+    """interrupted-parallel.jsonl with its results entry (line 9, toolu_02ReadLog) ending
+    in a text block, as Claude Code writes a result the user interrupted."""
+    lines = raw_lines(data)
+    assert b'"toolu_02ReadLog","type":"tool_result"' in lines[8]
+    at = lines[8].index(b"]},")
+    lines[8] = lines[8][:at] + b"," + INTERRUPTED + lines[8][at:]
+    return b"".join(lines)
+
+
+def test_claude_an_answer_goes_before_a_results_entry_that_ends_in_text():
+    """The API rejects a user message where a text block comes before a tool_result: the
+    answer to the calls the results entry does not answer is chained before that entry
+    (after the asking message), which is re-parented to the answer, so the file itself
+    holds the results first, whatever Claude Code merges or reorders."""
+    data = interrupted_results(load(os.path.join(CLAUDE, "interrupted-parallel.jsonl")))
+    fmt = foreign.get("claude-code")
+    exam = foreign.examine(data, fmt)
+    after = raw_lines(exam.repaired())
+    asker, results = json.loads(raw_lines(data)[7]), json.loads(raw_lines(data)[8])
+    answer = json.loads(after[8])  # right after the asking entry, before the results entry
+    assert [b["tool_use_id"] for b in answer["message"]["content"]] == ["toolu_01Deploy", "toolu_04Curl"]
+    assert answer["parentUuid"] == asker["uuid"]
+    moved = json.loads(after[9])
+    assert moved["uuid"] == results["uuid"] and moved["parentUuid"] == answer["uuid"]
+    assert {k: v for k, v in moved.items() if k != "parentUuid"} == {k: v for k, v in results.items() if k != "parentUuid"}
+    user = next(m for m in fmt.native_items(split_lines(exam.repaired())) if m["role"] == "user"
+                and any(b.get("type") == "tool_result" for b in m["content"]))
+    assert [b["type"] for b in user["content"]] == ["tool_result"] * 3 + ["text"]
+    assert check_pairing(fmt.native_items(split_lines(exam.repaired())), "anthropic") is None
+    check_repair(fmt, data, force=False)
+
+
+def test_claude_the_native_check_sees_a_text_block_before_a_later_result():
+    """What Claude Code sends is judged as the entries hold it: a results entry ending in
+    text with another results entry chained after it is a user message whose text comes
+    before a tool_result, which the API rejects; the check is not fooled by putting
+    results first."""
+    data = interrupted_results(load(os.path.join(CLAUDE, "interrupted-parallel.jsonl")))
+    lines = raw_lines(data)
+    late = json.loads(lines[8])
+    late.update(uuid="000000aa-5a1c-4e7b-9d2f-0c6a3b8e1faa", parentUuid=late["uuid"])
+    late["message"]["content"] = [{"tool_use_id": "toolu_01Deploy", "type": "tool_result", "content": "ok"},
+                                  {"tool_use_id": "toolu_04Curl", "type": "tool_result", "content": "ok"}]
+    lines.insert(9, json.dumps(late, ensure_ascii=False).encode() + b"\n")
+    items = foreign.get("claude-code").native_items(split_lines(b"".join(lines)))
+    violation = check_pairing(items, "anthropic")
+    assert violation is not None and "does not come before the other content" in violation.message
+
+
 def test_claude_split_response_is_one_assistant_message():
     data = load(os.path.join(CLAUDE, "dangling-call.jsonl"))
     cut = data[: data.index(b'"uuid":"00000009')]  # cut inside the entry after the two results

@@ -462,3 +462,28 @@ def test_a_codex_tool_search_answer_on_disk_carries_its_code_and_shows_it(tmp_pa
     assert code == 0
     [answer] = [m for m in json.loads(shown)["messages"] if m.get("tool_call_id") == "ts_1"]
     assert answer["content"].startswith("TOOL_NOT_STARTED: ")
+
+
+def test_claude_repair_leaves_results_before_text_and_show_check_judges_the_file_as_written(tmp_path):
+    """A results entry that ends in text ("[Request interrupted by user for tool use]"):
+    repair chains the missing answers before it, and `show --check` passes; the same
+    file with those answers chained after the text (as an earlier repair wrote them) is a
+    user message whose text precedes a tool_result: `show --check` exits 1."""
+    with open(os.path.join(FIXTURES, "claude-code", "interrupted-parallel.jsonl"), "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    at = lines[8].index(b"]},")
+    lines[8] = lines[8][:at] + b',{"type":"text","text":"[Request interrupted by user for tool use]"}' + lines[8][at:]
+    data = b"".join(lines)
+    path = tmp_path / "7c1e9a52-3f0b-4d8e-9a61-2b5f0c4d9e13.jsonl"
+    path.write_bytes(data)
+    code, text = run("repair", str(path), "--json")
+    assert code == 0 and rows(text)[0]["status"] == "repaired"
+    written = path.read_bytes().splitlines(keepends=True)
+    answer, results = json.loads(written[8]), json.loads(written[9])
+    assert answer["toolDenialKind"] == "interrupted" and results["parentUuid"] == answer["uuid"]
+    assert run("show", str(path), "--format", "anthropic", "--check")[0] == 0
+
+    late = dict(answer, parentUuid=json.loads(lines[8])["uuid"])  # the answer after the text
+    after_text = lines[:9] + [json.dumps(late, ensure_ascii=False).encode() + b"\n"] + lines[9:]
+    path.write_bytes(b"".join(after_text))
+    assert run("show", str(path), "--format", "anthropic", "--check")[0] == 1

@@ -19,9 +19,13 @@ the newest leaf. What this module relies on (and what it leaves alone):
 Repair, in Claude Code's own interrupted-call form: one user entry per group with
 unanswered calls, holding a ``tool_result`` block (``is_error: true``) per missing answer,
 ``toolDenialKind: "interrupted"`` and ``sourceToolAssistantUUID``, chained after the group's
-last entry (after its existing results), inserted right after that line; whatever was
-chained there before is re-parented to the new entry, so the resumed chain keeps the
-conversation that followed. Orphan results become text blocks (kept, not dropped).
+last entry (after its existing results that hold only ``tool_result`` blocks: a results
+entry with text, such as ``[Request interrupted by user for tool use]``, comes after the
+answer, since the API rejects a ``tool_result`` after text in a message), inserted right
+after that line; whatever was chained there before is re-parented to the new entry, so the
+resumed chain keeps the conversation that followed. Orphan results become text blocks
+(kept, not dropped). What the pairing check judges (:meth:`ClaudeCode.native_items`) is
+the conversation block for block as the entries hold it, never reordered.
 
 Evidence that a call started (``TOOL_OUTCOME_UNKNOWN`` rather than ``TOOL_NOT_STARTED``): a
 record other than the asking entry and the results that names the ``tool_use`` id in
@@ -483,10 +487,15 @@ class ClaudeCode:
         for index, position, _, _ in bad:
             bad_at.setdefault(index, set()).add(position)
 
-        def stays_result(index: int) -> bool:
-            # A result entry that keeps a tool_result block once orphans become text.
-            return any(isinstance(b, Mapping) and b.get("type") == "tool_result" and p not in bad_at.get(index, ())
-                       for p, b in enumerate(_blocks(tree.obj(index))))
+        def only_results(index: int) -> bool:
+            # A result entry that holds tool_result blocks and nothing else once orphans
+            # become text: an answer may follow it. One with a text block (Claude Code's
+            # "[Request interrupted by user for tool use]", an orphan kept as text) may
+            # not: the answer's tool_result would come after that text in the user
+            # message the API gets, which it rejects, so the answer goes before it.
+            blocks = _blocks(tree.obj(index))
+            return bool(blocks) and all(isinstance(b, Mapping) and b.get("type") == "tool_result"
+                                        and p not in bad_at.get(index, ()) for p, b in enumerate(blocks))
 
         for group in groups:
             missing = [u for u in group.uses if u not in group.answered]
@@ -496,7 +505,7 @@ class ClaudeCode:
             while True:
                 uid = tree.obj(point).get("uuid")
                 kids = [k for k in tree.children.get(str(uid), ())
-                        if k in results and stays_result(k) and tree.group(tree.owner(k)) is group]
+                        if k in results and only_results(k) and tree.group(tree.owner(k)) is group]
                 if not kids:
                     break
                 point = kids[-1]
@@ -601,19 +610,24 @@ class ClaudeCode:
             node = tree.parent(node)
         return chain[::-1]
 
-    def _turns(self, lines: list[Line], sources: list[int] | None = None) -> list[tuple[str, list[Any]]]:
+    def _turns(self, lines: list[Line], sources: list[int] | None = None, *,
+               as_written: bool = False) -> list[tuple[str, list[Any]]]:
         """The resumed conversation as (role, blocks) messages ("results" for the user
         message answering an assistant message): an assistant
-        message per group with the results it owns (on the chain, then off it for ids not
-        yet answered: parallel results that branched), a user message per other entry.
-        ``sources``, when given, gets the index of the entry each message starts with."""
+        message per group with the results it owns (on the chain, in chain order, then off
+        it for ids not yet answered: parallel results that branched), a user message per
+        other entry. The results message lists its ``tool_result`` blocks in call order,
+        other blocks after them; ``as_written`` keeps every block where the entries put
+        it, as the tool sends them (a text block before a later entry's ``tool_result``
+        stays before it). ``sources``, when given, gets the index of the entry each
+        message starts with."""
         tree = _Tree(lines)
         groups, _ = _groups(tree)
         group_of = {i: g for g in groups for i in g.entries}
         turns: list[tuple[str, list[Any]]] = []
         current: _Group | None = None
         chain = self._chain(tree)
-        on_chain = set(chain)
+        on_chain = {index: at for at, index in enumerate(chain)}
         emitted: set[int] = set()
 
         def close() -> None:
@@ -625,7 +639,9 @@ class ClaudeCode:
             # The calls the message asks for: those of its entries on the chain (a branch
             # that leaves a response half-way, a rewind, resumes without the rest of it).
             asked = set(_uses_of_blocks(turns[-1][1]))
-            ordered = [r for r in current.results if r in on_chain] + [r for r in current.results if r not in on_chain]
+            ordered = sorted((r for r in current.results if r in on_chain), key=on_chain.__getitem__) + [
+                r for r in current.results if r not in on_chain]
+            taken: dict[int, list[Any]] = {}  # result entry -> the blocks of it the message holds
             for r in ordered:
                 rblocks = [b for b in _blocks(tree.obj(r)) if isinstance(b, Mapping) and b.get("type") == "tool_result"]
                 named = {rid for b in rblocks if (rid := str_or_none(b.get("tool_use_id"))) is not None}
@@ -636,15 +652,18 @@ class ClaudeCode:
                         continue
                     emitted.add(r)
                     ids.update(named)
-                    blocks.extend(b for b in _blocks(tree.obj(r)) if not (
-                        isinstance(b, Mapping) and b.get("type") == "tool_result" and _result_id(b) not in asked))
+                    taken[r] = [b for b in _blocks(tree.obj(r)) if not (
+                        isinstance(b, Mapping) and b.get("type") == "tool_result" and _result_id(b) not in asked)]
                     continue
                 emitted.add(r)
                 ids.update(named)
-                blocks.extend(_blocks(tree.obj(r)))
-            order = {u: i for i, u in enumerate(current.uses)}
-            blocks.sort(key=lambda b: order.get(_result_id(b), len(order))
-                        if isinstance(b, Mapping) and b.get("type") == "tool_result" else len(order) + 1)
+                taken[r] = list(_blocks(tree.obj(r)))
+            for r in (_tree_order(tree, list(taken)) if as_written else taken):
+                blocks.extend(taken[r])
+            if not as_written:
+                order = {u: i for i, u in enumerate(current.uses)}
+                blocks.sort(key=lambda b: order.get(_result_id(b), len(order))
+                            if isinstance(b, Mapping) and b.get("type") == "tool_result" else len(order) + 1)
             turns.append(("results", blocks))
             if sources is not None:
                 sources.append(min((r for r in current.results if r in emitted), default=max(current.entries)))
@@ -679,8 +698,11 @@ class ClaudeCode:
         return turns
 
     def native_items(self, lines: list[Line]) -> list[dict[str, Any]]:
+        """The resumed conversation in Anthropic's shape, blocks as the entries hold them
+        (consecutive user entries joined, nothing reordered): a text block written before
+        a later ``tool_result`` is before it here too, where the API rejects it."""
         items: list[dict[str, Any]] = []
-        for role, blocks in self._turns(lines):
+        for role, blocks in self._turns(lines, as_written=True):
             role = "user" if role == "results" else role
             if not blocks:
                 continue
@@ -751,6 +773,37 @@ class ClaudeCode:
                 if type(pid) is int and 0 < pid != os.getpid() and _alive(pid):
                     found.append(f"Claude Code process {pid} runs this session ({os.path.join(sessions, name)})")
         return found
+
+
+def _tree_order(tree: _Tree, results: list[int]) -> list[int]:
+    """``results`` (result entries answering one assistant message) in the order their
+    tree gives them, as the tool sends them: each one after the result it is chained
+    below (through entries the API never sees), siblings in file order. A result that
+    branched off the chain then sits beside its sibling, before whatever was chained
+    below that sibling later."""
+    among = set(results)
+    below: dict[int | None, list[int]] = {}
+    for r in sorted(results):
+        above: int | None = None
+        seen = {r}
+        cur = tree.parent(r)
+        while cur is not None and cur not in seen:
+            if cur in among:
+                above = cur
+                break
+            if not _passes_through(tree.obj(cur)) or tree.obj(cur).get("type") == "user":
+                break  # the message that asked, or an entry of the conversation: r starts a branch
+            seen.add(cur)
+            cur = tree.parent(cur)
+        below.setdefault(above, []).append(r)
+    order: list[int] = []
+    stack = list(reversed(below.get(None, [])))
+    while stack:
+        r = stack.pop()
+        order.append(r)
+        stack.extend(reversed(below.get(r, [])))
+    placed = set(order)
+    return order + [r for r in results if r not in placed]  # below a cycle, defensively: as they came
 
 
 def _ids_named(block: Any) -> Any:
