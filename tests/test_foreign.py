@@ -931,3 +931,34 @@ def test_codex_every_call_type_is_answered_with_its_recovery_code(kind, started)
                 and e["call_id"] == "c_1"]
     assert (result["code"], result["is_error"], result["synthetic"]) == (code, True, True)
     assert result["output"] == text
+
+
+@pytest.mark.parametrize("kind", sorted(CODEX_CALLS))
+def test_codex_every_call_has_json_arguments_in_every_view(kind):
+    """A custom_tool_call's input is free text (an apply_patch patch), not JSON: its
+    arguments are {"input": <text>} in the imported records, so the OpenAI views carry a
+    JSON arguments string and Anthropic's tool_use an input object, as for any call."""
+    data = load(os.path.join(CODEX, "healthy.jsonl"))
+    call = CODEX_CALLS[kind]
+    data += ('{"timestamp":"2026-11-30T10:01:00.000Z","type":"response_item","payload":'
+             + json.dumps(call) + "}\n").encode()
+    fmt = foreign.get("codex")
+    lines = foreign.examine(data, fmt).repaired_lines()
+    [asked] = [c for e in fmt.events(lines) if e["type"] == "assistant/message" for c in e["tool_calls"]
+               if c["id"] == "c_1"]
+    expected = {"input": call["input"]} if kind == "custom_tool_call" else \
+        json.loads(call["arguments"]) if kind == "function_call" else call.get("arguments", call.get("action"))
+    got = json.loads(asked["arguments"]) if isinstance(asked["arguments"], str) else asked["arguments"]
+    assert got == expected
+    openai = project(fmt.events(lines), "openai").items
+    [function] = [c["function"] for m in openai for c in m.get("tool_calls") or () if c["id"] == "c_1"]
+    assert json.loads(function["arguments"]) == expected
+    responses = project(fmt.events(lines), "responses").items
+    [item] = [i for i in responses if i.get("type") == "function_call" and i["call_id"] == "c_1"]
+    assert json.loads(item["arguments"]) == expected
+    anthropic = project(fmt.events(lines), "anthropic").items
+    [use] = [b for m in anthropic if isinstance(m["content"], list) for b in m["content"]
+             if b.get("type") == "tool_use" and b["id"] == "c_1"]
+    assert use["input"] == expected
+    [native] = [i for i in fmt.native_items(lines) if i.get("call_id") == "c_1" and i["type"] == "function_call"]
+    assert json.loads(native["arguments"]) == expected

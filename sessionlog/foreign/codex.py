@@ -72,6 +72,17 @@ def _call_id(item: Mapping[str, Any]) -> str | None:
     return cid if isinstance(cid, str) and cid else None
 
 
+def _arguments(item: Mapping[str, Any]) -> Any:
+    """A call's arguments as a sessionlog ``tool_calls`` entry holds them: a
+    ``function_call``'s ``arguments`` (the JSON string Codex keeps), a ``tool_search_call``'s
+    ``arguments`` or a ``local_shell_call``'s ``action`` (JSON objects). A
+    ``custom_tool_call``'s ``input`` is free text (an ``apply_patch`` patch), not JSON: it
+    is the object ``{"input": <text>}``, so that every view's arguments are JSON."""
+    if item.get("type") == "custom_tool_call":
+        return {"input": item.get("input")}
+    return item.get("arguments", item.get("input", item.get("action")))
+
+
 def _tool_name(item: Mapping[str, Any]) -> str:
     name = item.get("name")
     return name if isinstance(name, str) else str(item.get("type"))
@@ -255,7 +266,7 @@ class Codex:
             if kind in ANSWER and _call_id(item) is None:
                 continue  # no call_id: Codex cannot read the item either
             if kind in ANSWER:
-                args = item.get("arguments", item.get("input", item.get("action")))
+                args = _arguments(item)
                 items.append({"type": "function_call", "call_id": _call_id(item), "name": _tool_name(item),
                               "arguments": args if isinstance(args, str) else json.dumps(args)})
             elif kind in OUTPUTS:
@@ -285,8 +296,8 @@ class Codex:
             if kind in ANSWER:
                 if open_message is None:
                     open_message = add({"type": "assistant/message", "content": None, "tool_calls": []})
-                args = item.get("arguments", item.get("input", item.get("action")))
-                open_message["tool_calls"].append({"id": _call_id(item), "name": _tool_name(item), "arguments": args})
+                open_message["tool_calls"].append({"id": _call_id(item), "name": _tool_name(item),
+                                                   "arguments": _arguments(item)})
                 continue
             if kind == "reasoning":
                 continue
