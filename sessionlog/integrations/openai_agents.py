@@ -11,16 +11,23 @@ store. Every item the Runner adds is kept in a record and comes back from
 ``get_items()`` equal as a dict, in order. The items are also written in sessionlog's own
 vocabulary, so ``sessionlog scan``, ``repair`` and ``show`` understand the conversation:
 
-- a user message item is a ``user/message`` (``content``: its text; ``item``: the SDK item;
-  a text is written once: when the item's own ``content`` is that string, ``item`` holds
-  null there and ``item_text`` names the record member holding it);
+- a user message item is a ``user/message`` (``content``: its text; ``item``: the SDK item);
 - a model response (its reasoning, message and call items) is a ``step/start`` and an
   ``assistant/message`` (``tool_calls``: its calls; ``items``: the SDK items);
-- a call's output item is a ``tool/result`` (``output``: its text; ``item``: the SDK item,
-  its ``output`` written once likewise),
+- a call's output item is a ``tool/result`` (``output``: its text; ``item``: the SDK item),
   and ``step/end`` closes the step once every call of the response has its output;
 - any other item is an ``agents/item``; ``pop_item`` and ``clear_session`` append
   ``agents/pop`` and ``agents/clear``: nothing is ever deleted.
+
+A text is written once per record: where ``content``, ``output`` or a call's ``arguments``
+hold an item's text, the carried item holds null in its place and ``item_text`` says where
+the record holds it (see "a text written once" below). A record is then about as large as
+the JSON of the items it carries (one item; a response's items; with the run hooks, the
+items of the ``add_items`` that settles them), which must be within the store's record
+limit (1 MiB by default); the records of one ``add_items`` must be within its batch limit
+(1 MiB by default): an ``add_items`` is one atomic append and is never split. Anything
+larger is refused with :class:`sessionlog.InvalidEvent` naming the item, its size and the
+limit, and nothing of that ``add_items`` is written.
 
 The Runner saves a turn's response and its tool outputs in one ``add_items`` *after* the
 tools ran. :meth:`SessionLogSession.run_hooks` closes that window: the response is recorded
@@ -313,6 +320,8 @@ class Conversation:
             if step is None or step.calls:
                 step = self.open_step = _Step(self.turn, self.step_number, len(self.items))
             if isinstance(items, list):
+                if "item_text" in record:
+                    items = _restored(record, items)  # the texts the record holds once
                 types = {_call_id(i): _CALL_OUTPUT_TYPES[i["type"]] for i in items if _is_call(i)} if tool_calls else {}
                 if record.get("provisional"):
                     self._note_provisional(seq)
@@ -386,9 +395,8 @@ class Conversation:
         if record.get("provisional"):
             self._note_provisional(self.last_seq)
         item = record["item"]
-        member = record.get("item_text")
-        if type(member) is str and type(item) is dict and item.get(member, 0) is None and member in record:
-            item = {**item, member: record[member]}  # the text the record holds once (see _carry)
+        if "item_text" in record:
+            item = _restored(record, item)  # the text the record holds once
         self.items.append(item)
 
     def _note_provisional(self, seq: int) -> None:
@@ -626,18 +634,241 @@ def _output_text(item: Mapping[str, Any]) -> str:
     return output if isinstance(output, str) else _text(output)
 
 
+# --- a text written once ---------------------------------------------------------------
+#
+# A record that carries SDK items (``item`` of a ``user/message`` or ``tool/result``,
+# ``items`` of an ``assistant/message``) also holds their text in sessionlog's own members
+# (``content``, ``output``, ``tool_calls``' arguments). A text is written once: the
+# carried item holds null where the text was and ``item_text`` says where the record holds
+# it; reading puts it back (:func:`_restored`). So a record is about as large as the JSON
+# of the items it carries, not twice that. ``item_text`` is either
+#
+# - a string ``M`` (a ``user/message``/``tool/result`` whose item's own ``M``, ``content``
+#   or ``output``, is the very string the record's ``M`` holds), or
+# - a list of references, each an object with ``at`` (the path of the null in ``item``, or
+#   in ``items`` starting with the item's index) and one of
+#   ``text``: the path of a string in the record, optionally cut to ``[start:end]`` (code
+#   points): a text part of the item, e.g. ``{"at": [0, "content", 0, "text"], "text":
+#   ["content"]}``;
+#   ``parse``: likewise, a string that ``json.loads`` turns into the value (what
+#   ``content`` holds for content without text: the value's JSON);
+#   ``json``: the path of a value in the record that ``json.dumps`` with ``separators``
+#   and ``ensure_ascii`` writes as the string (a call's ``arguments``, which
+#   ``tool_calls`` holds as an object), used only when that gives the very string.
+#
+# A text under _REF_MIN code points (the whole content, output or arguments) is written
+# twice, as before, unless it is the item's own string member (the string form, always
+# used): that costs at most a few KB of a record, and the Python a reference takes stays
+# off the path of a common add_items.
+
+_REF_MIN = 4096  # code points of text a record would repeat before it is referenced
+_PIECE_MIN = 128  # a shorter piece of it is left in place (its reference costs ~70 bytes)
+_JSON_FORMS: tuple[tuple[tuple[str, str], bool], ...] = (
+    ((",", ":"), False),  # compact
+    ((", ", ": "), True),  # json.dumps' defaults (what the SDK's helpers write)
+    ((", ", ": "), False),
+    ((",", ":"), True),
+)
+_Path = list[Any]
+
+
 def _carry(event: dict[str, Any], item: Any, member: str) -> None:
     """Put the SDK ``item`` in ``event`` (a ``user/message`` or ``tool/result`` whose
-    ``member``, ``content`` or ``output``, is the item's text). When the item's own
-    ``member`` is that very string, it is not written twice: the record's ``item`` holds
-    null there and ``item_text`` names the record member that holds the text (reading puts
-    it back). A large output then fits a record as it fits the SDK's own session."""
+    ``member``, ``content`` or ``output``, is the item's text), its text written once (see
+    above)."""
     text = item.get(member) if type(item) is dict else None
     if type(text) is str and text == event.get(member):
         event["item"] = {**item, member: None}  # in its place, so the item reads back in its order
         event["item_text"] = member
+        return
+    source = event.get(member)
+    refs = None
+    if type(source) is str and len(source) >= _REF_MIN and type(item) is dict and member in item:
+        refs = _text_refs(source, [member], _text_pieces(item[member], [member]), item)
+    if refs:
+        event["item"] = _with_values(item, [(ref["at"], None) for ref in refs])
+        event["item_text"] = refs
     else:
         event["item"] = item
+
+
+def _text_pieces(content: Any, at: _Path) -> list[tuple[_Path, str | None]]:
+    """Where the pieces of ``_text(content)`` are (``content`` at ``at``), in order: a
+    path and its string, or (for content without text, whose JSON ``_text`` gives) the
+    path of the content and None."""
+    if type(content) is str:
+        return [(at, content)]
+    if type(content) is list:
+        pieces: list[tuple[_Path, str | None]] = []
+        for j, part in enumerate(content):
+            if type(part) is dict:
+                key, text = "text", part.get("text")
+                if type(text) is not str:
+                    key, text = "refusal", part.get("refusal")
+                if type(text) is str:
+                    pieces.append(([*at, j, key], text))
+        if pieces:
+            return pieces
+    return [(at, None)]
+
+
+def _text_refs(source: str, source_path: _Path, pieces: list[tuple[_Path, str | None]],
+               root: Any) -> list[dict[str, Any]]:
+    """References (see above) for ``pieces`` of ``root`` whose strings, joined, are
+    ``source`` (at ``source_path`` in the record); none when they are not."""
+    refs: list[dict[str, Any]] = []
+    texts: list[str] = []
+    start = 0
+    for at, text in pieces:
+        kind = "text"
+        if text is None:
+            kind, text = "parse", json.dumps(_value_at(root, at), ensure_ascii=False)  # as _text writes it
+        texts.append(text)
+        end = start + len(text)
+        if end - start >= _PIECE_MIN:
+            ref: dict[str, Any] = {"at": at, kind: source_path}
+            if start or end != len(source):
+                ref["start"], ref["end"] = start, end
+            refs.append(ref)
+        start = end
+    if start != len(source) or (texts[0] if len(texts) == 1 else "".join(texts)) != source:
+        return []  # not the text the record holds: written twice, as before
+    return refs
+
+
+def _argument_ref(call: Mapping[str, Any], at: _Path, tool_call: Mapping[str, Any], k: int) -> dict[str, Any] | None:
+    """A reference for a call's raw ``arguments``/``input`` string (``call`` at ``at``)
+    to ``tool_call`` (its ``tool_calls`` entry, index ``k``), or None."""
+    member = "arguments" if "arguments" in call else "input"
+    raw = call.get(member)
+    if type(raw) is not str or len(raw) < _REF_MIN:
+        return None
+    value = tool_call["arguments"]
+    path: _Path = ["tool_calls", k, "arguments"]
+    if type(value) is dict and len(value) == 1 and "arguments" in value and (
+            value["arguments"] == raw or not raw.lstrip().startswith("{")):
+        # What _arguments wrapped: a string that is no JSON (e.g. cut short), or JSON that
+        # is no object.
+        value, path = value["arguments"], [*path, "arguments"]
+        if value == raw:
+            return {"at": [*at, member], "text": path}
+    try:
+        value = _decode(_encode(value))  # what reading the record gives
+    except (msgspec.EncodeError, msgspec.DecodeError):
+        return None
+    for separators, ensure_ascii in _JSON_FORMS:
+        try:
+            if json.dumps(value, separators=separators, ensure_ascii=ensure_ascii) == raw:
+                return {"at": [*at, member], "json": path, "separators": list(separators),
+                        "ensure_ascii": ensure_ascii}
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _value_at(root: Any, path: _Path) -> Any:
+    for key in path:
+        root = root[key]
+    return root
+
+
+def _with_values(root: Any, puts: list[tuple[_Path, Any]]) -> Any:
+    """A copy of ``root`` (plain JSON values) with each ``(path, value)`` of ``puts`` set
+    (paths that exist); only the containers on the paths are copied, each once."""
+    root = root.copy()
+    mine = {id(root)}
+    for path, value in puts:
+        node = root
+        for key in path[:-1]:
+            child = node[key]
+            if id(child) not in mine:
+                node[key] = child = child.copy()
+                mine.add(id(child))
+            node = child
+        node[path[-1]] = value
+    return root
+
+
+def _lookup(root: Any, path: Any) -> tuple[bool, Any]:
+    """``(True, value)`` at ``path`` (a list of member names and indexes) in ``root``,
+    else ``(False, None)``: never raises on a path a hand-edited log may hold."""
+    if type(path) is not list or not path:
+        return False, None
+    node = root
+    for key in path:
+        if type(key) is str and (type(node) is dict or isinstance(node, Mapping)):
+            if key not in node:
+                return False, None
+            node = node[key]
+        elif type(key) is int and type(node) is list and 0 <= key < len(node):
+            node = node[key]
+        else:
+            return False, None
+    return True, node
+
+
+def _restored(record: Mapping[str, Any], root: Any) -> Any:
+    """``root`` (the ``item`` or ``items`` ``record`` carries) with the texts its
+    ``item_text`` references put back in place; a reference that does not resolve (a log
+    edited by hand) leaves its null."""
+    refs = record.get("item_text")
+    if type(refs) is str:
+        if type(root) is dict and root.get(refs, 0) is None and refs in record:
+            return {**root, refs: record[refs]}  # the text the record holds once
+        return root
+    if type(refs) is not list:
+        return root
+    puts: list[tuple[_Path, Any]] = []
+    for ref in refs:
+        if type(ref) is not dict:
+            continue
+        at = ref.get("at")
+        found, current = _lookup(root, at)
+        if not found or current is not None:
+            continue
+        value = _referenced(record, ref)
+        if value is not _MISSING:
+            puts.append((at, value))
+    return _with_values(root, puts) if puts else root
+
+
+_MISSING = object()
+
+
+def _referenced(record: Mapping[str, Any], ref: dict[str, Any]) -> Any:
+    """The value ``ref`` stands for, or _MISSING."""
+    for kind in ("text", "parse", "json"):
+        if kind in ref:
+            break
+    else:
+        return _MISSING
+    path = ref[kind]
+    if type(path) is not list or not path or type(path[0]) is not str or path[0] not in record:
+        return _MISSING
+    found, value = _lookup({path[0]: record[path[0]]}, path)
+    if not found:
+        return _MISSING
+    if kind == "json":
+        separators, ensure_ascii = ref.get("separators"), ref.get("ensure_ascii")
+        if (type(separators) is not list or len(separators) != 2 or not all(type(s) is str for s in separators)
+                or type(ensure_ascii) is not bool):
+            return _MISSING
+        try:
+            return json.dumps(value, separators=(separators[0], separators[1]), ensure_ascii=ensure_ascii)
+        except (TypeError, ValueError):
+            return _MISSING
+    if type(value) is not str:
+        return _MISSING
+    start, end = ref.get("start", 0), ref.get("end", len(value))
+    if type(start) is not int or type(end) is not int or not 0 <= start <= end <= len(value):
+        return _MISSING
+    text = value[start:end]
+    if kind == "text":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _MISSING
 
 
 def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any], *,
@@ -655,10 +886,39 @@ def _assistant_message(turn: str, step: int, group: list[Any], calls: list[Any],
         ],
     }
     if carry:
-        event["items"] = group
+        refs = _message_refs(event, group, calls)
+        if refs:
+            event["items"] = _with_values(group, [(ref["at"], None) for ref in refs])
+            event["item_text"] = refs
+        else:
+            event["items"] = group
     if provisional:
         event["provisional"] = True
     return event
+
+
+def _message_refs(event: dict[str, Any], group: list[Any], calls: list[Any]) -> list[dict[str, Any]]:
+    """References (see above) for the texts of a response's items (``group``) that its
+    ``assistant/message`` (``event``) holds: its content, its calls' arguments."""
+    refs: list[dict[str, Any]] = []
+    content = event["content"]
+    if content is not None and len(content) >= _REF_MIN:
+        pieces: list[tuple[_Path, str | None]] = []
+        for i, item in enumerate(group):
+            if type(item) is dict and item.get("role") == "assistant" and item.get("content") is not None:
+                pieces += _text_pieces(item["content"], [i, "content"])
+        refs += _text_refs(content, ["content"], pieces, group)
+    index = None
+    for k, call in enumerate(calls):
+        raw = call.get("arguments", call.get("input")) if type(call) is dict else None
+        if type(raw) is str and len(raw) >= _REF_MIN:
+            if index is None:
+                index = {id(item): i for i, item in enumerate(group)}
+            i = index.get(id(call))
+            ref = _argument_ref(call, [i], event["tool_calls"][k], k) if i is not None else None
+            if ref is not None:
+                refs.append(ref)
+    return refs
 
 
 class _AddPlan:
@@ -1011,7 +1271,11 @@ class SessionLogSession:
 
     async def add_items(self, items: list[TResponseInputItem], *,
                         wrapper: RunContextWrapper[Any] | None = None) -> None:
-        """Append ``items`` durably (one batch, durable on return)."""
+        """Append ``items`` durably (one atomic batch, durable on return).
+
+        Raises :class:`sessionlog.InvalidEvent`, and writes nothing, when an item does not
+        fit a record or the batch is over the store's batch limit (the message names the
+        item, its size and the limit), or an item is not JSON."""
         batch = _copy_items(items)
         if not batch:
             self._check_open()
@@ -1020,7 +1284,8 @@ class SessionLogSession:
 
     async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove the latest item from the conversation and return it (None when empty).
-        The log keeps it: an ``agents/pop`` record is appended."""
+        The log keeps it: an ``agents/pop`` record is appended (naming the item as
+        ``removed``, unless that would not fit a record)."""
 
         def pop() -> Any:
             self._whole(1)
@@ -1028,7 +1293,7 @@ class SessionLogSession:
             if not items:
                 return None
             item = _copy_items(items[-1:])[0]
-            self._append([{"type": AGENTS_POP, "removed": item}])
+            self._append([self._pop_record(item)], [item], "pop_item")
             return item
 
         return await self._run(pop)
@@ -1058,16 +1323,19 @@ class SessionLogSession:
                                if getattr(i, "type", None) == "tool_call_output_item"])
         awaiting = [call_id for i in getattr(result, "interruptions", ())
                     if (call_id := _call_id(_as_item(getattr(i, "raw_item", None)))) is not None]
-        await self._run(lambda: self._append(self._conversation.plan_pause(outputs, awaiting)))
+        await self._run(lambda: self._append(self._conversation.plan_pause(outputs, awaiting), outputs,
+                                             "record_pause"))
 
     async def _record_request(self, input_items: list[Any]) -> None:
         items = _copy_items([_as_item(i) for i in input_items])
-        await self._run(lambda: self._append(self._conversation.plan_request(items)))
+        await self._run(lambda: self._append(self._conversation.plan_request(items), items,
+                                             "on_llm_start record"))
 
     async def _record_response(self, response: ModelResponse) -> None:
         items = _copy_items([_as_item(i) for i in response.to_input_items()])
         response_id = response.response_id
-        await self._run(lambda: self._append(self._conversation.plan_response(items, response_id)))
+        await self._run(lambda: self._append(self._conversation.plan_response(items, response_id), items,
+                                             "on_llm_end record"))
 
     async def _record_tool_start(self, context: RunContextWrapper[Any], tool: Any = None) -> None:
         if not isinstance(context, ToolContext):
@@ -1093,7 +1361,8 @@ class SessionLogSession:
                     "output": str(result)}
         output = _copy_items([_as_item(item)])[0]
         call_id, name = context.tool_call_id, context.tool_name
-        await self._run(lambda: self._append(self._conversation.plan_tool_end(call_id, name, output)))
+        await self._run(lambda: self._append(self._conversation.plan_tool_end(call_id, name, output), [output],
+                                             "on_tool_end record"))
 
     # -- ownership ----------------------------------------------------------------------
 
@@ -1214,18 +1483,126 @@ class SessionLogSession:
         conversation = self._conversation
         plan = _AddPlan(conversation, batch, hooks=self._hooks)
         if plan.events:
-            conversation.settle(plan, self._handle.append(plan.events))
+            conversation.settle(plan, self._append_batch(plan.events, batch, "add_items"))
 
-    def _append(self, events: list[dict[str, Any]]) -> None:
-        """Append ``events`` as one durable batch and account for them."""
+    def _append(self, events: list[dict[str, Any]], items: list[Any] | None = None, what: str = "") -> None:
+        """Append ``events`` (made from ``items``, by ``what``) as one durable batch and
+        account for them."""
         if not events:
             return
-        assert self._handle is not None
-        seq = self._handle.append(events) - len(events)
+        seq = self._append_batch(events, items or [], what or f"{events[-1]['type']} record") - len(events)
         feed = self._conversation.feed
         for event in events:
             seq += 1
             feed(event, seq)
+
+
+    def _append_batch(self, events: list[dict[str, Any]], items: list[Any], what: str) -> int:
+        """Append ``events`` (made from ``items``, by ``what``) as one durable batch; its
+        last seq. The store's refusal of a record or batch over its size limit is told in
+        the items' terms (:func:`_refusal`)."""
+        assert self._handle is not None
+        try:
+            return self._handle.append(events)
+        except sessionlog.InvalidEvent as exc:
+            refusal = _refusal(events, items, what, getattr(self._store, "limits", None))
+            if refusal is None:
+                raise
+            raise refusal from exc
+
+    def _pop_record(self, item: Any) -> dict[str, Any]:
+        """The ``agents/pop`` record for ``item``: it names the item (``removed``) unless
+        that would not fit a record; the item is in the record that added it anyway."""
+        limit = getattr(getattr(self._store, "limits", None), "record_limit", 1 << 20)
+        if len(_encode(item)) + 256 > limit:
+            return {"type": AGENTS_POP}
+        return {"type": AGENTS_POP, "removed": item}
+
+
+_ENVELOPE = 40  # what a record adds to its event's JSON: seq, ts (about)
+
+
+def _refusal(events: list[dict[str, Any]], items: list[Any], what: str, limits: Any) -> sessionlog.InvalidEvent | None:
+    """Why the store refused ``events`` (made from ``items`` by ``what``) as
+    :class:`sessionlog.InvalidEvent`: which item is too large for a record, or how far the
+    batch is over the batch limit, and the limit; None when no size limit explains it (the
+    store's own error is then the one to raise)."""
+    record_limit = getattr(limits, "record_limit", 1 << 20)
+    batch_limit = getattr(limits, "batch_limit", 1 << 20)
+    try:
+        sizes = [len(_encode(event)) + _ENVELOPE for event in events]
+        item_sizes = [len(_encode(item)) for item in items]
+    except (msgspec.EncodeError, TypeError, ValueError):
+        return None
+    nothing = f"Nothing of this {what} was written; the session is as it was."
+    biggest = max(range(len(events)), key=sizes.__getitem__)
+    if sizes[biggest] > record_limit:
+        event = events[biggest]
+        held = _items_held(event, items)
+        record = f"the {event.get('type')} record"
+        if not held:
+            return sessionlog.InvalidEvent(
+                f"{what}: {record} would be about {sizes[biggest]:,} bytes, over the store's record limit "
+                f"of {record_limit:,} bytes. {nothing}")
+        if len(held) == 1:
+            j = held[0]
+            return sessionlog.InvalidEvent(
+                f"{what}: items[{j}] ({_describe(items[j])}) is {item_sizes[j]:,} bytes of JSON; {record} that "
+                f"holds it would be about {sizes[biggest]:,} bytes, over the store's record limit of "
+                f"{record_limit:,} bytes. {nothing}")
+        return sessionlog.InvalidEvent(
+            f"{what}: {record} that holds {len(held)} of its items would be about {sizes[biggest]:,} bytes, over "
+            f"the store's record limit of {record_limit:,} bytes. {nothing} The largest: "
+            f"{_largest(held, items, item_sizes)}.")
+    total = sum(sizes) + len(sizes)
+    if total > batch_limit:
+        named = _largest(range(len(items)), items, item_sizes)
+        return sessionlog.InvalidEvent(
+            f"{what}: the records of its {len(items)} item{'s' if len(items) != 1 else ''} come to about "
+            f"{total:,} bytes, over the store's batch limit of {batch_limit:,} bytes (one {what} is one "
+            f"atomic append: it is not split). {nothing} The largest: {named}.")
+    return None
+
+
+def _largest(indexes: Any, items: list[Any], item_sizes: list[int]) -> str:
+    """The (at most three) largest of ``items`` at ``indexes``, for an error message."""
+    largest = sorted(indexes, key=item_sizes.__getitem__, reverse=True)[:3]
+    return ", ".join(f"items[{j}] ({_describe(items[j])}) {item_sizes[j]:,} bytes of JSON" for j in largest)
+
+
+def _items_held(event: Mapping[str, Any], items: list[Any]) -> list[int]:
+    """The indexes in ``items`` of the items ``event`` holds (their text, if not the item)."""
+    if "item" in event:
+        held = [_restored(event, event["item"])]
+    elif type(event.get("items")) is list:
+        held = _restored(event, event["items"])
+    elif event.get("type") == "tool/result":
+        return [j for j, i in enumerate(items) if _kind(i) == "output" and _call_id(i) == event.get("call_id")]
+    elif event.get("type") == "assistant/message":
+        ids = {c.get("id") for c in event.get("tool_calls") or () if _is_map(c)}
+        return [j for j, i in enumerate(items) if _kind(i) == "model" and (_is_call(i) and _call_id(i) in ids
+                                                                         or i.get("role") == "assistant")]
+    else:
+        return []
+    indexes: list[int] = []
+    for item in held:
+        for j, candidate in enumerate(items):
+            if j not in indexes and candidate == item:
+                indexes.append(j)
+                break
+    return indexes
+
+
+def _describe(item: Any) -> str:
+    """``item`` for an error message: its type, role and id."""
+    if not _is_map(item):
+        return type(item).__name__
+    words = [str(item.get("type") or "message")]
+    for key in ("role", "call_id", "id"):
+        value = item.get(key)
+        if isinstance(value, str):
+            words.append(f"{key} {value[:60]!r}")
+    return ", ".join(words)
 
 
 class SessionLogRunHooks(RunHooks[Any]):
