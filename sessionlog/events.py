@@ -660,6 +660,15 @@ _LINE_BREAK = (
 )
 
 
+def read_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A mapping event read once into a dict, as it is now (its own code runs here, and
+    only here); RecordError when reading it fails."""
+    try:
+        return dict(event)
+    except Exception as exc:  # noqa: BLE001 - the caller's mapping failed to be read
+        raise RecordError(f"the event could not be read: {type(exc).__name__}: {exc}") from exc
+
+
 def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -> bytes:
     """Serialize a new event as a record line (no newline), ``seq`` and ``ts`` first.
 
@@ -672,10 +681,7 @@ def encode_record(event: Mapping[str, Any], seq: int, ts: float | None = None) -
     if type(event) is not dict:
         if not isinstance(event, Mapping):
             raise RecordError(f"an event is a mapping, not {type(event).__name__}")
-        try:  # read once, as it is now: a mapping's own code runs here, and only here
-            event = dict(event)
-        except Exception as exc:  # noqa: BLE001 - the caller's mapping failed to be read
-            raise RecordError(f"the event could not be read: {type(exc).__name__}: {exc}") from exc
+        event = read_event(event)
     type_ = event.get("type")
     if type(type_) is not str or not type_:
         raise RecordError("an event needs a non-empty string 'type'")

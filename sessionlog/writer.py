@@ -96,7 +96,7 @@ from .contract import (
     StoreClosed,
     events_list,
 )
-from .events import Record, plain_encoding
+from .events import Record, RecordError, plain_encoding, read_event
 from .scan import DEFAULT_LIMITS, batch_size, encode_batch
 
 ENVELOPE_BYTES = 64
@@ -781,10 +781,9 @@ def _read(event: Any, i: int) -> Any:
     if type(event) is dict or not isinstance(event, Mapping):
         return event
     try:
-        return dict(event)
-    except Exception as exc:  # noqa: BLE001 - the caller's mapping failed to be read
-        raise InvalidEvent(f"event {i} of the batch: the event could not be read: "
-                           f"{type(exc).__name__}: {exc}") from exc
+        return read_event(event)
+    except RecordError as exc:
+        raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from exc.__cause__
 
 
 def _encoded_size(events: list[Mapping[str, Any]]) -> int:
