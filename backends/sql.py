@@ -122,6 +122,7 @@ from .sql_engines import (
     DurabilityRefused,
     EngineKind,
     GroupBatch,
+    Ownership,
     PostgresKind,
     SqliteKind,
     _is_connection_error,
@@ -283,8 +284,9 @@ class SqlSession:
         owner.acquire(timeout)
         try:
             with store._connect() as conn:
+                store._take(conn, session_id, owner)
                 if repair:
-                    report = store._repair_locked(conn, session_id, force=False)
+                    report = store._repair_locked(conn, session_id, force=False, owner=owner)
                     if report.status == "refused":
                         damage = report.damage
                         raise CorruptLog(
@@ -462,7 +464,7 @@ class SqlStore:
             sa_url = sa_url.difference_update_query(["schema"])
             self.schema = build_schema(namespace)
             self.kind = PostgresKind(
-                sa_url, self.schema, where=self.display_url, namespace=namespace or "public",
+                sa_url, self.schema, where=self.display_url, namespace=namespace,
                 engine_options=options, read_only=read_only,
             )
         else:
@@ -476,6 +478,10 @@ class SqlStore:
                     check_store(c, self.schema, self.display_url)
             else:
                 self._ensure_schema()
+            if isinstance(self.kind, PostgresKind):
+                with self._errors("opening the store"), self._connect() as conn:
+                    self.kind.resolve_namespace(conn)
+                    conn.rollback()
         except BaseException:
             self.engine.dispose()
             raise
@@ -565,6 +571,26 @@ class SqlStore:
                     conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema.namespace}"'))
             self.schema.metadata.create_all(conn)
             check_version(conn, self.schema, self.display_url)
+
+    def _take(self, conn: sa.Connection, session_id: str, owner: Ownership) -> None:
+        """Holding ``owner``'s lock, before reading anything of the session: on an engine
+        whose lock can be lost (PostgreSQL), move the session's owner epoch, which waits
+        for an append of a former owner holding the session's row and fences out every
+        later one; ``owner.epoch`` is then this owner's. SessionNotFound without a row."""
+        if not self.kind.fenced:
+            return
+        sessions = self.schema.sessions
+        try:
+            with self._write(conn):
+                epoch = conn.execute(
+                    sessions.update().where(sessions.c.session_id == session_id)
+                    .values(owner_epoch=sessions.c.owner_epoch + 1).returning(sessions.c.owner_epoch)
+                ).scalar()
+        except AppendFailed as exc:  # the commit failed: nothing of the session was read yet
+            raise IOFailure(f"{self._where(session_id)}: taking the session failed: {driver_error(exc.__cause__ or exc)}") from exc
+        if epoch is None:
+            raise SessionNotFound(f"{self._where(session_id)}: no such session")
+        owner.epoch = int(epoch)
 
     def _check_writable(self, what: str) -> None:
         if self.read_only:
@@ -803,8 +829,8 @@ class SqlStore:
         level; the connection goes back to the pool afterwards (the pool's reset rolls
         back, and drops a connection that broke). Driver errors pass through raw."""
         raw = self._connect(raw=True)
+        dbapi = raw.driver_connection
         try:
-            dbapi = raw.driver_connection
             self.kind.prepare_pooled(dbapi)
             cur = dbapi.cursor()
             try:
@@ -812,8 +838,9 @@ class SqlStore:
             finally:
                 _quiet(cur.close)
         except BaseException as exc:
-            if _is_connection_error(exc):
-                # The server ended it: drop it from the pool rather than have the pool's
+            if _is_connection_error(exc) or _is_connection_error(exc.__cause__) or _is_broken(dbapi):
+                # The server ended it (an AppendFailed raised at COMMIT carries the driver's
+                # error as its cause): drop it from the pool rather than have the pool's
                 # reset try a rollback on it (and log that failure as an error).
                 _quiet(raw.invalidate)
             raise
@@ -1062,7 +1089,10 @@ class SqlStore:
             owner.acquire(0.0)
             try:
                 with self._connect() as conn:
-                    return self._repair_locked(conn, session_id, force=force, expire_approvals=expire_approvals)
+                    self._take(conn, session_id, owner)
+                    return self._repair_locked(
+                        conn, session_id, force=force, expire_approvals=expire_approvals, owner=owner
+                    )
             finally:
                 owner.release()
 
@@ -1105,7 +1135,8 @@ class SqlStore:
         return report
 
     def _repair_locked(
-        self, conn: sa.Connection, session_id: str, *, force: bool, expire_approvals: bool = False
+        self, conn: sa.Connection, session_id: str, *, force: bool, owner: Ownership,
+        expire_approvals: bool = False,
     ) -> RepairReport:
         scan, tail = self._scan(session_id, owned=False, conn=conn)
         report = self._repair_plan(scan, tail, force=force, expire_approvals=expire_approvals)
@@ -1115,8 +1146,14 @@ class SqlStore:
         records = t.records
         mine = records.c.session_id == session_id
         with self._write(conn):
-            if not self.kind.lock_row(conn, session_id):
+            epoch = self.kind.lock_row(conn, session_id)
+            if epoch is None:
                 raise SessionNotFound(f"{self._where(session_id)}: session was deleted")
+            if self.kind.fenced and epoch != owner.epoch:
+                raise AppendFailed(
+                    f"{self._where(session_id)}: another writer took the session during the repair "
+                    f"(owner epoch {epoch}, the repair's {owner.epoch}); nothing was written"
+                )
             rows, max_seq = conn.execute(sa.select(sa.func.count(), sa.func.max(records.c.seq)).where(mine)).one()
             if (rows, max_seq or 0) != (tail.rows, tail.max_seq):
                 raise SequenceConflict(
@@ -1212,6 +1249,12 @@ def _encoder(store: SqlStore, events: list[Mapping[str, Any]], index: int) -> Ca
             raise blame(exc, index) from None
 
     return encode
+
+
+def _is_broken(dbapi: Any) -> bool:
+    """True when the driver knows its connection is gone (psycopg: ``closed`` or
+    ``broken``; sqlite3 connections have neither)."""
+    return bool(getattr(dbapi, "closed", False) or getattr(dbapi, "broken", False))
 
 
 def _is_driver_error(exc: BaseException) -> bool:

@@ -94,11 +94,20 @@ class Ownership(Protocol):
     """What an append checks on the server to prove the lock is still held (PostgreSQL:
     the lock connection's backend; None where the lock cannot be lost, SQLite's flock)."""
 
+    epoch: int | None
+    """The session's owner epoch this owner set when it took the session (PostgreSQL: the
+    fencing token every append checks under the row lock; None on SQLite)."""
+
     def acquire(self, timeout: float) -> None:
         """Take it, waiting up to ``timeout`` seconds; SessionLocked if it stays held."""
         ...
 
     def release(self) -> None: ...
+
+    def lost(self) -> None:
+        """An append found on the server that the lock is gone: forget it (a new owner may
+        take the session in this process too before this owner's handle is closed)."""
+        ...
 
     def creates_on_acquire(self) -> bool:
         """True when taking the lock would create something (SQLite's lock file, the
@@ -149,6 +158,9 @@ class EngineKind:
     name: str
     engine: sa.Engine
     schema: Schema
+    fenced = False
+    """True when a new owner moves the session's owner epoch and every append checks it
+    (PostgreSQL, whose ownership lock can be lost while its holder runs on)."""
 
     # -- driver SQL used by the hot path and handle checks ------------------------------
 
@@ -168,8 +180,9 @@ class EngineKind:
         """The ownership lock of ``session_id`` (not yet taken)."""
         raise NotImplementedError
 
-    def lock_row(self, conn: sa.Connection, session_id: str) -> bool:
-        """Inside a write transaction: lock the session's row; False when there is none."""
+    def lock_row(self, conn: sa.Connection, session_id: str) -> int | None:
+        """Inside a write transaction: lock the session's row; its owner epoch, or None
+        when there is no row."""
         raise NotImplementedError
 
     def append_once(
@@ -262,9 +275,14 @@ class SqliteKind(EngineKind):
                 )
         assert database is not None
         self.path = os.path.abspath(database)
-        self.lock_dir = os.path.join(os.path.dirname(self.path), f".{os.path.basename(self.path)}.locks")
         if not read_only:
             _create_private(self.path)
+        # The lock directory sits beside the file itself, not beside a symlink to it: every
+        # name of one database file (a symlink, a symlinked directory, a bind mount of its
+        # directory) finds the same lock files. (A hard link would not, but SQLite itself
+        # cannot share a database between two names of one file: it refuses the second.)
+        real = os.path.realpath(self.path)
+        self.lock_dir = os.path.join(os.path.dirname(real), f".{os.path.basename(real)}.locks")
         self._sync = "EXTRA" if level == 3 else "FULL"
         self._busy_ms = max(0, int(busy_timeout * 1000))
         options: dict[str, Any] = {"pool_size": 8, "max_overflow": -1}
@@ -343,10 +361,10 @@ class SqliteKind(EngineKind):
     def ownership(self, session_id: str) -> Ownership:
         return FileOwnership(self.lock_dir, self.lock_path(session_id))
 
-    def lock_row(self, conn: sa.Connection, session_id: str) -> bool:
+    def lock_row(self, conn: sa.Connection, session_id: str) -> int | None:
         # BEGIN IMMEDIATE already holds the database's write lock.
         sessions = self.schema.sessions
-        return conn.execute(sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id)).first() is not None
+        return conn.execute(sa.select(sessions.c.owner_epoch).where(sessions.c.session_id == session_id)).scalar()
 
     def append_once(
         self, cur: sqlite3.Cursor, session_id: str, lines: list[bytes], assumed_last: int,
@@ -444,6 +462,7 @@ class FileOwnership:
     on ``<lock dir>/<id>.lock`` (created 0600, never unlinked)."""
 
     token = None
+    epoch = None
 
     def __init__(self, lock_dir: str, path: str) -> None:
         self.lock_dir = lock_dir
@@ -462,6 +481,9 @@ class FileOwnership:
     def release(self) -> None:
         self._lock.release()
 
+    def lost(self) -> None:  # pragma: no cover - a flock held by an open descriptor is never lost
+        pass
+
     def creates_on_acquire(self) -> bool:
         return not os.path.lexists(self._lock.path)
 
@@ -478,18 +500,30 @@ server connections however many sessions it has open."""
 class PostgresKind(EngineKind):
     """PostgreSQL through psycopg 3: connections with ``synchronous_commit=off`` (or a
     server with ``fsync=off``) are refused; an append locks the session's row, reads the
-    tail and inserts; ownership is a session-level advisory lock keyed by the session id,
-    held on the store's lock connection (:class:`AdvisoryLocks`), and every append checks
-    on the server, in its transaction, that this connection is still alive.
+    tail and inserts; ownership is a session-level advisory lock keyed by the schema and
+    the session id, held on the store's lock connection (:class:`AdvisoryLocks`).
+
+    That lock can be lost while its holder runs on (the lock connection ends), so it is
+    fenced: a new owner, holding the lock, moves the session's ``owner_epoch`` (an UPDATE
+    of its row, which waits for an append holding that row) before it reads the tail, and
+    every append checks, under the row lock, that the epoch is still its owner's. An
+    append of a former owner therefore commits before the new owner's open reads the tail
+    (which then sees it), or not at all. Each append also checks that the lock connection
+    is alive, so a lost lock fails the next append even when nobody took the session.
+
+    ``namespace``: the schema named by ``?schema=``, or None: then the schema the tables
+    are in is asked of the server (:meth:`resolve_namespace`), so that every spelling of
+    one store keys its locks alike.
 
     ``read_only``: every connection runs ``default_transaction_read_only = on``, so the
     server refuses any write; the durability settings are not checked."""
 
     name = "postgresql"
+    fenced = True
 
     def __init__(
-        self, url: sa.URL, schema: Schema, *, where: str, namespace: str, engine_options: Mapping[str, Any],
-        read_only: bool = False,
+        self, url: sa.URL, schema: Schema, *, where: str, namespace: str | None,
+        engine_options: Mapping[str, Any], read_only: bool = False,
     ) -> None:
         self.schema = schema
         self.where = where
@@ -504,10 +538,11 @@ class PostgresKind(EngineKind):
         self._prepare_sql("%s")
         records = schema.qualified(schema.records)
         sessions = schema.qualified(schema.sessions)
-        # The session's row, locked, and whether the backend holding the owner's advisory
-        # lock is still alive (the server drops the lock with its connection).
+        # The session's row, locked: its owner epoch as of the lock (a row that another
+        # transaction updated is read again once that one ends), and whether the backend
+        # holding the owner's advisory lock is alive (the server drops the lock with it).
         self.sql_lock_row = (
-            f"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s AND backend_start = %s) "
+            f"SELECT owner_epoch, EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s AND backend_start = %s) "
             f"FROM {sessions} WHERE session_id = %s FOR UPDATE"
         )
         # One statement, one round trip for the whole batch; it inserts nothing unless the
@@ -520,7 +555,8 @@ class PostgresKind(EngineKind):
         # A group commit: lock the sessions' rows in one order (no deadlock between two
         # groups), then read their tails in a statement that sees what committed before.
         self.sql_lock_rows = (
-            f"SELECT session_id FROM {sessions} WHERE session_id = ANY(%s) ORDER BY session_id FOR UPDATE"
+            f"SELECT session_id, owner_epoch FROM {sessions} WHERE session_id = ANY(%s) "
+            "ORDER BY session_id FOR UPDATE"
         )
         self.sql_alive = (
             "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = ANY(%s)"
@@ -553,7 +589,18 @@ class PostgresKind(EngineKind):
     def retryable(self, exc: BaseException) -> bool:
         return sqlstate(exc) in (SERIALIZATION_FAILURE, DEADLOCK_DETECTED, UNIQUE_VIOLATION)
 
+    def resolve_namespace(self, conn: sa.Connection) -> None:
+        """Without ``?schema=``: key the locks by the schema the server resolves the
+        tables to (the search_path's), not by a guess."""
+        if self.namespace is None:
+            found = conn.execute(sa.text(
+                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.oid = to_regclass(:t)"
+            ), {"t": self.schema.sessions.name}).scalar()
+            self.namespace = found or "public"
+
     def owned(self, session_id: str) -> bool:
+        assert self.namespace is not None
         key = advisory_key(self.namespace, session_id)
         with self.engine.connect() as conn:
             return bool(conn.execute(
@@ -566,15 +613,16 @@ class PostgresKind(EngineKind):
             ).scalar())
 
     def ownership(self, session_id: str) -> Ownership:
+        assert self.namespace is not None
         return AdvisoryOwnership(self.locks, advisory_key(self.namespace, session_id), f"{self.where} session {session_id!r}")
 
     def close(self) -> None:
         self.locks.close()
 
-    def lock_row(self, conn: sa.Connection, session_id: str) -> bool:
+    def lock_row(self, conn: sa.Connection, session_id: str) -> int | None:
         sessions = self.schema.sessions
-        stmt = sa.select(sessions.c.session_id).where(sessions.c.session_id == session_id).with_for_update()
-        return conn.execute(stmt).first() is not None
+        stmt = sa.select(sessions.c.owner_epoch).where(sessions.c.session_id == session_id).with_for_update()
+        return conn.execute(stmt).scalar()
 
     def append_once(
         self, cur: Any, session_id: str, lines: list[bytes], assumed_last: int,
@@ -589,7 +637,10 @@ class PostgresKind(EngineKind):
             row = cur.fetchone()
             if row is None:
                 raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
-            if not row[0]:
+            if row[0] != owner.epoch:
+                raise _taken_over(self.where, session_id, owner.epoch, row[0])
+            if not row[1]:
+                owner.lost()
                 raise _ownership_lost(self.where, session_id)
             last = assumed_last if expect_seq is None else expect_seq
             if last != assumed_last:
@@ -628,15 +679,20 @@ class PostgresKind(EngineKind):
         sids = sorted({b.session_id for b in batches})
         try:
             cur.execute(self.sql_lock_rows, (sids,))
-            locked = {row[0] for row in cur.fetchall()}
+            epochs = dict(cur.fetchall())
             cur.execute(self.sql_alive, (sorted({o.token[0] for o in owners}),))
             alive = set(cur.fetchall())
             for batch, owner in zip(batches, owners, strict=True):
-                if batch.session_id not in locked:
+                if batch.session_id not in epochs:
                     raise blame(
                         SessionNotFound(f"{self.where}: session {batch.session_id!r} was deleted"), batch.index
                     )
+                if epochs[batch.session_id] != owner.epoch:
+                    raise blame(
+                        _taken_over(self.where, batch.session_id, owner.epoch, epochs[batch.session_id]), batch.index
+                    )
                 if tuple(owner.token) not in alive:
+                    owner.lost()
                     raise blame(_ownership_lost(self.where, batch.session_id), batch.index)
             cur.execute(self.sql_tails, (sids,))
             tails = {sid: int(last or 0) for sid, last in cur.fetchall()}
@@ -713,7 +769,14 @@ class AdvisoryLocks:
     gone), the server releases every lock on it; the next append of each of those handles
     sees that on the server and fails (:func:`_ownership_lost`), and new owners get a new
     lock connection. Waiting for a held lock polls (``pg_try_advisory_lock``), so one
-    waiter never blocks the lock connection for the others."""
+    waiter never blocks the lock connection for the others.
+
+    The lock connection turns the server's idle limits off for itself
+    (``idle_session_timeout``, ``idle_in_transaction_session_timeout``): it is idle by
+    design, and ending it would end ownership. A session held by a handle here whose
+    lock connection is gone is free to be taken again at once, by this store too: an
+    append that finds the connection dead forgets its locks (:meth:`forget`), and a
+    take of a key held here first asks whether the lock connection still answers."""
 
     def __init__(self, engine: sa.Engine, where: str) -> None:
         self.engine = engine
@@ -732,7 +795,7 @@ class AdvisoryLocks:
         connection holding it, or None. IOFailure when no lock connection can be had."""
         with self._mutex:
             self._check_process()
-            if key in self._held:
+            if key in self._held and not self._ping_failed():
                 return None
             for attempt in (1, 2):
                 token = self._connected()
@@ -750,6 +813,27 @@ class AdvisoryLocks:
                 self._held[key] = token
                 return token
         return None  # pragma: no cover - the loop returns or raises
+
+    def forget(self, token: tuple[int, Any]) -> None:
+        """The server says the lock connection ``token`` is gone: so are its locks."""
+        with self._mutex:
+            if os.getpid() == self._pid and self._token == token:
+                self._drop()
+            else:
+                self._held = {k: t for k, t in self._held.items() if t != token}
+
+    def _ping_failed(self) -> bool:
+        """Ask the lock connection a trivial question; when it cannot answer, it is dropped
+        (with the locks the server released with it) and True is returned."""
+        if self._conn is None:  # pragma: no cover - _held is emptied with the connection
+            return True
+        try:
+            with self._dbapi.cursor() as cur:
+                cur.execute("SELECT 1")
+        except Exception:
+            self._drop()
+            return True
+        return False
 
     def release(self, key: int, token: tuple[int, Any]) -> None:
         """Release ``key`` if the connection that took it (``token``) still holds it."""
@@ -790,6 +874,13 @@ class AdvisoryLocks:
                 conn.detach()  # outside the pool: it lives as long as the locks on it
                 dbapi.autocommit = True
                 with dbapi.cursor() as cur:
+                    # Idle by design: a server limit on idle sessions must not end it (and
+                    # with it every lock it holds). set_config on the settings the server
+                    # has, so an older server without one of them is not an error.
+                    cur.execute(
+                        "SELECT set_config(name, '0', false) FROM pg_settings "
+                        "WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')"
+                    )
                     cur.execute("SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()")
                     pid, started = cur.fetchone()
             except SessionLogError:
@@ -824,6 +915,7 @@ class AdvisoryOwnership:
         self.key = key
         self.where = where
         self.token: tuple[int, Any] | None = None
+        self.epoch: int | None = None
 
     def acquire(self, timeout: float) -> None:
         deadline = time.monotonic() + max(0.0, timeout)
@@ -843,6 +935,11 @@ class AdvisoryOwnership:
         token, self.token = self.token, None
         if token is not None:
             self.locks.release(self.key, token)
+
+    def lost(self) -> None:
+        token, self.token = self.token, None
+        if token is not None:
+            self.locks.forget(token)
 
     def creates_on_acquire(self) -> bool:
         return False
@@ -875,6 +972,14 @@ def _group_commit_failed(where: str, batches: list[GroupBatch], exc: BaseExcepti
         f"({driver_error(exc)!r}); each batch may or may not be durable: read the sessions' tails "
         "before appending them again",
         outcome_unknown=True,
+    )
+
+
+def _taken_over(where: str, session_id: str, mine: int | None, found: int) -> AppendFailed:
+    return AppendFailed(
+        f"{where}: session {session_id!r}: another writer took the session (its owner epoch is {found}, "
+        f"this handle's is {mine}: this handle's ownership lock was lost); nothing was written: "
+        "close this handle, then open the session again"
     )
 
 

@@ -5,14 +5,22 @@ exact bytes; primary key ``(session_id, seq)``. The rest is this backend's own:
 
 ``sessionlog_meta``        key/value; ``schema_version`` says which layout the database has.
 ``sessionlog_sessions``    one row per session: what ``sessions()`` lists and what an append
-                           locks (``SELECT ... FOR UPDATE``) on PostgreSQL.
+                           locks (``SELECT ... FOR UPDATE``) on PostgreSQL; ``owner_epoch``
+                           counts the owners a PostgreSQL session has had (the fencing
+                           token: an append commits only under its owner's epoch).
 ``sessionlog_records``     ``(session_id, seq, record)``: the record's bytes, verbatim.
 ``sessionlog_quarantine``  rows that a forced repair moved out of a session, under the name
                            its ``log/truncated`` marker gives; never deleted by repair.
 
 A writing store creates the tables on first use, under a lock (SQLite's write lock, a
 PostgreSQL advisory lock) so that many processes opening a new database at once do not
-race. A read-only store creates nothing: :func:`check_store` only looks.
+race, and brings an older layout up to date there (:func:`check_version`). A read-only
+store creates nothing and migrates nothing: :func:`check_store` only looks.
+
+Versions: 1, the first layout; 2 adds ``sessionlog_sessions.owner_epoch`` (a version-1
+database is migrated in place by the first writing store of this version: one
+``ALTER TABLE ... ADD COLUMN``; earlier versions of sessionlog then refuse the database,
+as they would not honour the epoch).
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ import sqlalchemy as sa
 
 from sessionlog.contract import CorruptLog, UnsupportedFormat
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The table layout this version writes. A database with a higher version is refused
-(:class:`UnsupportedFormat`); a lower one would be migrated here."""
+(:class:`UnsupportedFormat`); a lower one is migrated by a writing store
+(:func:`check_version`) and read as it is by a read-only one."""
 
 PREFIX: Final = "sessionlog_"
 
@@ -65,6 +74,7 @@ def build_schema(namespace: str | None = None) -> Schema:
         md,
         sa.Column("session_id", sa.String(SESSION_ID_LENGTH), primary_key=True),
         sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("owner_epoch", sa.BigInteger, nullable=False, server_default="0"),
     )
     records = sa.Table(
         PREFIX + "records",
@@ -92,15 +102,23 @@ def build_schema(namespace: str | None = None) -> Schema:
 
 
 def check_version(conn: sa.Connection, schema: Schema, where: str) -> None:
-    """Record the schema version in a new database; refuse a newer one.
+    """Record the schema version in a new database; migrate an older one; refuse a newer
+    one.
 
-    Runs inside the caller's write transaction, after the tables exist."""
+    Runs inside the caller's write transaction (under the schema lock), after the tables
+    exist."""
     meta = schema.meta
     found = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).scalar()
     if found is None:
         conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
         return
-    _check_version_text(found, where)
+    version = _check_version_text(found, where)
+    if version < 2:
+        # Version 1 had no owner epoch: every session starts at epoch 0 (no owner yet).
+        sessions = schema.qualified(schema.sessions)
+        conn.exec_driver_sql(f"ALTER TABLE {sessions} ADD COLUMN owner_epoch BIGINT NOT NULL DEFAULT 0")
+    if version < SCHEMA_VERSION:
+        conn.execute(meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
 
 
 def check_store(conn: sa.Connection, schema: Schema, where: str) -> None:
@@ -121,7 +139,7 @@ def check_store(conn: sa.Connection, schema: Schema, where: str) -> None:
     _check_version_text(found, where)
 
 
-def _check_version_text(found: str, where: str) -> None:
+def _check_version_text(found: str, where: str) -> int:
     try:
         version = int(found)
     except ValueError:
@@ -131,4 +149,6 @@ def _check_version_text(found: str, where: str) -> None:
             f"{where}: the database has schema version {version}; this version of sessionlog "
             f"reads version {SCHEMA_VERSION} (upgrade sessionlog)"
         )
-    # version < SCHEMA_VERSION: no older layout exists yet; migrations go here.
+    if version < 1:
+        raise UnsupportedFormat(f"{where}: schema version {version} was never written by sessionlog")
+    return version

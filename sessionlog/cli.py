@@ -453,7 +453,10 @@ def _print_scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
         d = row["damage"]
         if d is not None and d.get("reason"):
             where = row.get("_offset_is", "offset")  # a SQL store's damage is at a row
-            console(out).print(f"{row['path'] or row['session']}: {d['kind']} at {where} {d['offset']}: {d['reason']}",
+            name = row["path"] or row["session"]
+            if where == "row" and row["path"] and row["session"] is not None:
+                name = f"{row['path']} session {row['session']!r}"  # one database file, many sessions
+            console(out).print(f"{name}: {d['kind']} at {where} {d['offset']}: {d['reason']}",
                                markup=False, soft_wrap=True)
         for name in row.get("unmarked_quarantines", ()):
             console(out).print(f"{row['session']}: {name} holds bytes cut from the log that no log/truncated "
@@ -621,14 +624,15 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
             if len(ids) != 1:
                 raise UsageError(f"{target.text}: show needs exactly one session (found {len(ids)}); "
                                  "use --session ID")
-            return _show(args, store, ids[0], out)
+            unit = "row" if scheme_of(target.url) in ("sqlite", "postgresql") else "offset"
+            return _show(args, store, ids[0], out, unit)
 
 
-def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO) -> int:
+def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO, unit: str = "offset") -> int:
     plan = store.repair(sid, force=True, dry_run=True)  # one scan: damage and what repair appends
     damage = plan.damage
     if damage is not None:  # torn or zero-filled tails too: the view is of the prefix, and says so
-        note(f"warning: {sid}: {damage.kind} at offset {damage.offset}; showing the prefix before it")
+        note(f"warning: {sid}: {damage.kind} at {unit} {damage.offset}; showing the prefix before it")
     size = _session_bytes(store, sid) or None
     if args.format == "events":
         with progress(args, "reading", size) as meter:

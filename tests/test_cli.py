@@ -656,7 +656,7 @@ def test_scan_says_why_each_damaged_log_is_damaged(fixtures_copy):
     assert rows["mid-log"]["damage"]["reason"] == "invalid UTF-8 at byte 43"
 
 
-def test_a_sqlite_sessions_scan_row_names_the_database_file_and_its_damage_is_at_a_row(tmp_path):
+def test_a_sqlite_sessions_scan_row_names_the_database_file_and_its_damage_is_at_a_row(tmp_path, capsys):
     import sqlite3
 
     db = tmp_path / "s.db"
@@ -668,7 +668,10 @@ def test_a_sqlite_sessions_scan_row_names_the_database_file_and_its_damage_is_at
         [row] = json_lines(out)
         assert row["path"] == str(db) and row["damage"]["kind"] == "corrupt"
         code, table = run("scan", target)
-        assert f"{db}: corrupt at row {row['damage']['offset']}: {row['damage']['reason']}" in table.splitlines()
+        line = f"{db} session {row['session']!r}: corrupt at row {row['damage']['offset']}: {row['damage']['reason']}"
+        assert line in table.splitlines()
+        run("show", target, "--format", "events")
+        assert f"corrupt at row {row['damage']['offset']}; showing the prefix" in capsys.readouterr().err
     for target in (f"sqlite:///{db}", str(db)):  # repair's row names it too
         code, out = run("repair", target, "--dry-run", "--json")
         assert [r["path"] for r in json_lines(out)] == [str(db)]

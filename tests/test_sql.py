@@ -102,7 +102,7 @@ def test_one_row_per_record_holding_its_exact_bytes(store: SqlStore, sql_url: st
     assert rows_of(sql_url, "s1") == [(r.seq, r.raw) for r in records]
     assert [r.seq for r in records] == [1, 2, 3, 4]
     assert records[0].raw.startswith(b'{"seq":1,') and records[0]["format"] == "sessionlog/1"
-    assert db(sql_url, "SELECT value FROM sessionlog_meta WHERE key = 'schema_version'") == [("1",)]
+    assert db(sql_url, "SELECT value FROM sessionlog_meta WHERE key = 'schema_version'") == [("2",)]
     with pytest.raises(sa.exc.IntegrityError):  # primary key (session_id, seq)
         db(sql_url, "INSERT INTO sessionlog_records (session_id, seq, record) VALUES ('s1', 2, :b)", b=b"{}")
 
@@ -111,6 +111,76 @@ def test_newer_schema_version_is_refused(sql_url: str) -> None:
     sessionlog.open_store(sql_url).close()
     db(sql_url, "UPDATE sessionlog_meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(UnsupportedFormat, match="schema version 99"):
+        sessionlog.open_store(sql_url)
+
+
+V1_DUMP = Path(__file__).resolve().parent.parent / "fixtures" / "sql" / "v1-store.sql"
+"""``sqlite3 .dump`` of a database written by the last version with schema version 1."""
+
+OPEN_CALL = [
+    {"type": "turn/start", "turn": 1},
+    {"type": "step/start", "turn": 1, "step": 1},
+    {"type": "assistant/message", "turn": 1, "step": 1, "content": None,
+     "tool_calls": [{"id": "c1", "name": "ls", "arguments": "{}"}]},
+    {"type": "tool/call", "turn": 1, "step": 1, "call_id": "c1", "name": "ls"},
+]
+
+
+def schema_version(url: str) -> str:
+    return db(url, "SELECT value FROM sessionlog_meta WHERE key = 'schema_version'")[0][0]
+
+
+def all_rows(url: str) -> list[tuple[Any, ...]]:
+    return db(url, "SELECT session_id, seq, record FROM sessionlog_records ORDER BY session_id, seq")
+
+
+def test_a_version_1_sqlite_database_is_read_as_it_is_and_migrated_by_a_writer(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    con = sqlite3.connect(path)
+    con.executescript(V1_DUMP.read_text())
+    con.execute("PRAGMA journal_mode = WAL")
+    con.close()
+    url = f"sqlite:///{path}"
+    rows = all_rows(url)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with sessionlog.open_store(url, read_only=True) as old:
+        assert old.sessions() == ["healthy", "open-call"]
+        assert old.scan("open-call").unanswered_calls == ["c1"]
+        assert old.scan("healthy").status is Status.CLEAN
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before and schema_version(url) == "1"
+    with sessionlog.open_store(url) as store:
+        assert schema_version(url) == "2"
+        assert all_rows(url) == rows
+        with store.session("open-call", repair=True) as handle:
+            assert handle.append([{"type": "turn/start", "turn": 2}]) == handle.last_seq
+        assert [r["type"] for r in store.read("open-call")][5:] == [
+            "tool/result", "step/end", "turn/end", "turn/start",
+        ]
+    with sessionlog.open_store(url) as again:  # migrated once
+        assert again.scan("healthy").status is Status.CLEAN and schema_version(url) == "2"
+
+
+def test_a_version_1_layout_is_migrated_by_the_first_writer(sql_url: str) -> None:
+    with sessionlog.open_store(sql_url) as store:
+        store.create("s", OPEN_CALL)
+    db(sql_url, "ALTER TABLE sessionlog_sessions DROP COLUMN owner_epoch")
+    db(sql_url, "UPDATE sessionlog_meta SET value = '1' WHERE key = 'schema_version'")
+    rows = all_rows(sql_url)
+    with sessionlog.open_store(sql_url, read_only=True) as old:
+        assert old.scan("s").unanswered_calls == ["c1"]
+        assert [r.raw for r in old.read("s")] == [bytes(r[2]) for r in rows]
+    assert schema_version(sql_url) == "1"
+    with sessionlog.open_store(sql_url) as store:
+        assert schema_version(sql_url) == "2" and all_rows(sql_url) == rows
+        with store.session("s") as handle:
+            assert handle.append([{"type": "note/x"}]) == 6
+        assert store.repair("s").status == "repaired"
+
+
+def test_a_schema_version_below_1_is_refused(sql_url: str) -> None:
+    sessionlog.open_store(sql_url).close()
+    db(sql_url, "UPDATE sessionlog_meta SET value = '0' WHERE key = 'schema_version'")
+    with pytest.raises(UnsupportedFormat, match="schema version 0"):
         sessionlog.open_store(sql_url)
 
 

@@ -382,18 +382,28 @@ def test_flush_is_a_barrier_on_what_was_accepted_before_it_however_busy(tmp_path
     async def main():
         async with WriteBehind(store) as w:
             stop = asyncio.Event()
+            outstanding = [0]  # chatter accepted and not yet written
+
+            def written(_):
+                outstanding[0] -= 1
 
             async def busy(k):
                 i = 0
                 while not stop.is_set():
-                    w.submit("s1", [{"type": "chatter", "k": k, "i": i}])
-                    i += 1
+                    # The queue never empties, and never grows without bound either: an
+                    # unbounded one makes this a test of the garbage collector's patience.
+                    if outstanding[0] < 4096:
+                        outstanding[0] += 1
+                        w.submit("s1", [{"type": "chatter", "k": k, "i": i}]).add_done_callback(written)
+                        i += 1
                     await asyncio.sleep(0)
 
             chatter = [asyncio.create_task(busy(k)) for k in range(4)]
             await asyncio.sleep(0.05)
+            assert outstanding[0] > 1024  # more than a batch waits behind the write in flight
             marker = w.submit("s1", [{"type": "marker"}])
-            await asyncio.wait_for(w.flush("s1"), 5)  # returns although the queue never empties
+            await asyncio.wait_for(w.flush("s1"), 30)  # returns although the queue never empties
+            assert outstanding[0] > 0
             seq = marker.result()
             assert [r["type"] for r in store.read("s1", after_seq=seq - 1)][:1] == ["marker"]  # durable
             stop.set()
