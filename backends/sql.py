@@ -46,9 +46,12 @@ Guarantees (docs/backends.md):
   caused by one batch names it (``group_index``).
 - Connections that would weaken durability are refused (:class:`DurabilityRefused`).
 - A writer owns a session through ``store.session()``: on PostgreSQL a session-level
-  advisory lock keyed by the session id (on the store's lock connection), on SQLite the file backends' ``flock`` on
-  ``.<db file>.locks/<id>.lock`` beside the database. An owned session scans as ``open``
-  and ``repair`` refuses it (SessionLocked).
+  advisory lock keyed by the schema and the session id (on the store's lock connection),
+  fenced by the session row's ``owner_epoch`` (a new owner moves it before reading the
+  tail; an append commits only under its owner's epoch: see
+  :class:`~sessionlog.backends.sql_engines.PostgresKind`); on SQLite the file backends'
+  ``flock`` on ``.<db file>.locks/<id>.lock`` beside the database file (symlinks
+  resolved). An owned session scans as ``open`` and ``repair`` refuses it (SessionLocked).
 - ``scan`` validates every stored record as the file backends do (envelope, one line,
   contiguity, header). Damage positions are in row terms: ``Damage.offset`` and
   ``ScanResult.stable_offset`` are the number of rows in the valid prefix (the 0-based
