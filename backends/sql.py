@@ -74,6 +74,7 @@ import contextlib
 import os
 import random
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -94,6 +95,7 @@ from sessionlog.contract import (
     InvalidEvent,
     InvalidSessionId,
     IOFailure,
+    OwnershipLost,
     RepairReport,
     ScanResult,
     SequenceConflict,
@@ -483,8 +485,11 @@ class SqlStore:
                 self._ensure_schema()
             if isinstance(self.kind, PostgresKind):
                 with self._errors("opening the store"), self._connect() as conn:
-                    self.kind.resolve_namespace(conn)
+                    resolved = self.kind.resolve_namespace(conn)
                     conn.rollback()
+                if resolved is not None:
+                    self.schema = build_schema(resolved)
+                    self.kind.use_schema(self.schema)
         except BaseException:
             self.engine.dispose()
             raise
@@ -582,13 +587,9 @@ class SqlStore:
         later one; ``owner.epoch`` is then this owner's. SessionNotFound without a row."""
         if not self.kind.fenced:
             return
-        sessions = self.schema.sessions
         try:
             with self._write(conn):
-                epoch = conn.execute(
-                    sessions.update().where(sessions.c.session_id == session_id)
-                    .values(owner_epoch=sessions.c.owner_epoch + 1).returning(sessions.c.owner_epoch)
-                ).scalar()
+                epoch = self.kind.take(conn, session_id, owner)
         except AppendFailed as exc:  # the commit failed: nothing of the session was read yet
             raise IOFailure(f"{self._where(session_id)}: taking the session failed: {driver_error(exc.__cause__ or exc)}") from exc
         if epoch is None:
@@ -636,8 +637,11 @@ class SqlStore:
 
     def _insert_session(self, conn: sa.Connection, session_id: str) -> None:
         sessions = self.schema.sessions
+        # A session's epochs start at random, so a handle of a deleted session of the same
+        # id never holds an epoch its successor reaches.
         done = conn.execute(
-            self._insert_ignore(sessions).values(session_id=session_id, created_at=time.time())
+            self._insert_ignore(sessions).values(session_id=session_id, created_at=time.time(),
+                                                 owner_epoch=secrets.randbits(48))
             .returning(sessions.c.session_id)
         ).first()
         if done is None:
@@ -696,6 +700,10 @@ class SqlStore:
             owner.acquire(self.lock_timeout)
             try:
                 with self._connect() as conn, self._write(conn):
+                    # Fenced as an owner's open is: an append of a former owner in flight
+                    # lands first or not at all, and a lost lock deletes nothing.
+                    if self.kind.fenced and self.kind.take(conn, session_id, owner) is None:
+                        raise SessionNotFound(f"{self._where(session_id)}: no such session")
                     gone = conn.execute(
                         t.sessions.delete().where(t.sessions.c.session_id == session_id).returning(t.sessions.c.session_id)
                     ).first()
@@ -1153,7 +1161,7 @@ class SqlStore:
             if epoch is None:
                 raise SessionNotFound(f"{self._where(session_id)}: session was deleted")
             if self.kind.fenced and epoch != owner.epoch:
-                raise AppendFailed(
+                raise OwnershipLost(
                     f"{self._where(session_id)}: another writer took the session during the repair "
                     f"(owner epoch {epoch}, the repair's {owner.epoch}); nothing was written"
                 )

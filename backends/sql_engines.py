@@ -34,6 +34,7 @@ from sessionlog.contract import (
     CorruptLog,
     DurabilityRefused,
     IOFailure,
+    OwnershipLost,
     SequenceConflict,
     SessionLocked,
     SessionLogError,
@@ -185,6 +186,12 @@ class EngineKind:
         when there is no row."""
         raise NotImplementedError
 
+    def take(self, conn: sa.Connection, session_id: str, owner: Ownership) -> int | None:
+        """Inside a write transaction, holding ``owner``'s lock (taken just before), on a
+        fenced engine: move the session's owner epoch and return it (None: no such
+        session), after checking under the row lock that the lock is still held."""
+        raise NotImplementedError
+
     def append_once(
         self, cur: Any, session_id: str, lines: list[bytes], assumed_last: int,
         expect_seq: int | None, encode: Encode, owner: Ownership,
@@ -274,15 +281,14 @@ class SqliteKind(EngineKind):
                     "(sqlite:///FILE) or the memory: backend"
                 )
         assert database is not None
-        self.path = os.path.abspath(database)
+        # The file itself, not a symlink to it (or through a symlinked directory): the lock
+        # directory sits beside it, so every name of one database file finds the same lock
+        # files, and it is created where SQLite will open it.
+        self.path = os.path.realpath(os.path.abspath(database))
         if not read_only:
             _create_private(self.path)
-        # The lock directory sits beside the file itself, not beside a symlink to it: every
-        # name of one database file (a symlink, a symlinked directory, a bind mount of its
-        # directory) finds the same lock files. (A hard link would not, but SQLite itself
-        # cannot share a database between two names of one file: it refuses the second.)
-        real = os.path.realpath(self.path)
-        self.lock_dir = os.path.join(os.path.dirname(real), f".{os.path.basename(real)}.locks")
+            _refuse_hard_links(self.path, where)
+        self.lock_dir = os.path.join(os.path.dirname(self.path), f".{os.path.basename(self.path)}.locks")
         self._sync = "EXTRA" if level == 3 else "FULL"
         self._busy_ms = max(0, int(busy_timeout * 1000))
         options: dict[str, Any] = {"pool_size": 8, "max_overflow": -1}
@@ -443,6 +449,24 @@ class SqliteKind(EngineKind):
         return int(row[0])
 
 
+def _refuse_hard_links(path: str, where: str) -> None:
+    """A database file with a second name (a hard link) is refused for writing: SQLite
+    names its WAL after the name it opened, so a writer through one name does not see
+    what was committed through the other, and a checkpoint through one discards the
+    other's commits, acknowledged appends included; nor would the lock directories of
+    the two names be one."""
+    try:
+        links = os.stat(path).st_nlink
+    except OSError as exc:
+        raise IOFailure(f"{path}: cannot stat the database: {exc.strerror or exc}") from exc
+    if links > 1:
+        raise DurabilityRefused(
+            f"{where}: the database file has {links} names (hard links); SQLite keeps a WAL per name, so "
+            "commits through one name are lost to the other: refusing to write (copy the file instead of "
+            "linking it)"
+        )
+
+
 def _create_private(path: str) -> None:
     """Create the database file 0600 (transcripts hold secrets) unless it exists; SQLite
     gives its -wal and -shm files the database file's permissions. Missing parent
@@ -529,12 +553,22 @@ class PostgresKind(EngineKind):
         self.where = where
         self.namespace = namespace
         self.read_only = read_only
-        options: dict[str, Any] = {"pool_size": POOL_SIZE, "max_overflow": 0}
+        # READ COMMITTED whatever the server's default: creating or migrating the tables
+        # under the schema lock, taking a session, a repair and a delete must see what
+        # committed before their lock was granted (an explicit REPEATABLE READ is what
+        # a scan's snapshot asks for, per transaction).
+        options: dict[str, Any] = {"pool_size": POOL_SIZE, "max_overflow": 0, "isolation_level": "READ COMMITTED"}
         options.update(engine_options)
         self.engine = sa.create_engine(url, **options)
         event.listen(self.engine, "connect", self._on_connect)
         event.listen(self.engine, "checkout", _ended_while_idle)
         self.locks = AdvisoryLocks(self.engine, where)
+        self.use_schema(schema)
+
+    def use_schema(self, schema: Schema) -> None:
+        """Write every statement with ``schema``'s tables (qualified when it names its
+        namespace)."""
+        self.schema = schema
         self._prepare_sql("%s")
         records = schema.qualified(schema.records)
         sessions = schema.qualified(schema.sessions)
@@ -560,6 +594,14 @@ class PostgresKind(EngineKind):
         )
         self.sql_alive = (
             "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = ANY(%s)"
+        )
+        # Taking a session: the next owner epoch, and whether the lock connection (pid)
+        # still holds the session's advisory lock (key as its two 32-bit halves).
+        self.sql_take = (
+            f"UPDATE {sessions} SET owner_epoch = owner_epoch + 1 WHERE session_id = :sid "
+            "RETURNING owner_epoch, EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = :pid AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1)"
         )
         self.sql_tails = (
             f"SELECT u.s, (SELECT max(seq) FROM {records} WHERE session_id = u.s) FROM unnest(%s::text[]) AS u(s)"
@@ -589,15 +631,38 @@ class PostgresKind(EngineKind):
     def retryable(self, exc: BaseException) -> bool:
         return sqlstate(exc) in (SERIALIZATION_FAILURE, DEADLOCK_DETECTED, UNIQUE_VIOLATION)
 
-    def resolve_namespace(self, conn: sa.Connection) -> None:
-        """Without ``?schema=``: key the locks by the schema the server resolves the
-        tables to (the search_path's), not by a guess."""
-        if self.namespace is None:
-            found = conn.execute(sa.text(
-                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE c.oid = to_regclass(:t)"
-            ), {"t": self.schema.sessions.name}).scalar()
-            self.namespace = found or "public"
+    def take(self, conn: sa.Connection, session_id: str, owner: Ownership) -> int | None:
+        # The UPDATE waits for an append holding the row; once it has the row, the lock is
+        # checked where the server keeps it (pg_locks is read live, not from a snapshot):
+        # if it is gone, another writer may hold it, and this one must write nothing.
+        assert isinstance(owner, AdvisoryOwnership) and owner.token is not None
+        key = owner.key
+        row = conn.execute(sa.text(self.sql_take), {
+            "sid": session_id, "pid": owner.token[0], "hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF,
+        }).first()
+        if row is None:
+            return None
+        if not row[1]:
+            owner.lost()
+            raise IOFailure(
+                f"{self.where}: session {session_id!r}: the ownership lock was lost while the session was being "
+                "taken (its lock connection ended); nothing was written: try again"
+            )
+        return int(row[0])
+
+    def resolve_namespace(self, conn: sa.Connection) -> str | None:
+        """Without ``?schema=``: the schema the server resolves the tables to (the
+        search_path's), by which the locks are keyed and every later statement names the
+        tables, so that a table of the same name that appears earlier on the search_path
+        later is never written instead. Returns it (None when ``?schema=`` named one)."""
+        if self.namespace is not None:
+            return None
+        found = conn.execute(sa.text(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(:t)"
+        ), {"t": self.schema.sessions.name}).scalar()
+        self.namespace = found or "public"
+        return self.namespace
 
     def owned(self, session_id: str) -> bool:
         assert self.namespace is not None
@@ -975,16 +1040,16 @@ def _group_commit_failed(where: str, batches: list[GroupBatch], exc: BaseExcepti
     )
 
 
-def _taken_over(where: str, session_id: str, mine: int | None, found: int) -> AppendFailed:
-    return AppendFailed(
+def _taken_over(where: str, session_id: str, mine: int | None, found: int) -> OwnershipLost:
+    return OwnershipLost(
         f"{where}: session {session_id!r}: another writer took the session (its owner epoch is {found}, "
         f"this handle's is {mine}: this handle's ownership lock was lost); nothing was written: "
         "close this handle, then open the session again"
     )
 
 
-def _ownership_lost(where: str, session_id: str) -> AppendFailed:
-    return AppendFailed(
+def _ownership_lost(where: str, session_id: str) -> OwnershipLost:
+    return OwnershipLost(
         f"{where}: session {session_id!r}: the ownership lock was lost (its lock connection ended, "
         "and the server released the lock); nothing was written: close this handle, then open the session again"
     )

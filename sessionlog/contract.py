@@ -59,6 +59,15 @@ class AppendFailed(SessionLogError):
         self.outcome_unknown = outcome_unknown
 
 
+class OwnershipLost(AppendFailed):
+    """An append was refused because its handle no longer owns the session: its lock was
+    lost (PostgreSQL: the lock connection ended) and another writer may have taken the
+    session, or did. Nothing was written. What the handle's owner knew of the session
+    may be stale (another writer may have repaired it since): read the session again
+    before writing more, through a new handle; never replay events prepared under the
+    lost ownership blindly."""
+
+
 class CorruptLog(SessionLogError):
     """The log is damaged (or is not a session log) where the operation needs it whole."""
 

@@ -82,12 +82,12 @@ from typing import Any
 
 import msgspec
 
-
 from .contract import (
     AppendFailed,
     CorruptLog,
     EventStore,
     InvalidEvent,
+    OwnershipLost,
     SequenceConflict,
     SessionHandle,
     SessionLocked,
@@ -458,11 +458,17 @@ class WriteBehind:
             return ready, unowned, self.store.append_group(group), None  # type: ignore[attr-defined]
         except BaseException as exc:  # noqa: BLE001 - settled on the loop
             if isinstance(exc, AppendFailed):
-                # The store closed the group's handles for appends: the next write owns anew.
-                for lane, _ in ready:
-                    handle, lane.handle = lane.handle, None
-                    with contextlib.suppress(Exception):
-                        handle.close()  # type: ignore[union-attr]
+                # The store closed the handle it blamed (``group_index``), or every handle of
+                # the group: the next write of those owns anew. A handle it did not close
+                # is kept, so that its own next write finds out whether its ownership
+                # holds (a lock connection that died took every lock on it), rather than
+                # taking the session again behind a writer that took it meanwhile.
+                index = getattr(exc, "group_index", None)
+                for i, (lane, _) in enumerate(ready):
+                    if index is None or i == index:
+                        handle, lane.handle = lane.handle, None
+                        with contextlib.suppress(Exception):
+                            handle.close()  # type: ignore[union-attr]
             return ready, unowned, None, exc
 
     def _group_settled(self, ready: list[tuple[_Lane, list[_Pending]]],
@@ -482,6 +488,17 @@ class WriteBehind:
             for lane, batch in ready:  # maybe written: never requeued, never written again
                 self._stop(lane, batch, error)
             return False
+        if isinstance(error, OwnershipLost):
+            # Nothing was written; the session whose ownership was lost (``group_index``,
+            # or every one) stops as a lone write would; the others go on.
+            index = getattr(error, "group_index", None)
+            kept = []
+            for i, (lane, batch) in enumerate(ready):
+                if index is None or i == index:
+                    self._stop(lane, batch, error)
+                else:
+                    kept.append((lane, batch))
+            ready[:] = kept
         for lane, batch in ready:  # nothing was written
             lane.queue.extendleft(reversed(batch))
         return not cancelled
@@ -539,6 +556,10 @@ class WriteBehind:
             return
         failure = _as_error(exc)
         if isinstance(failure, AppendFailed) and failure.outcome_unknown:
+            self._stop(lane, batch, failure)
+        elif isinstance(failure, OwnershipLost):
+            # Another writer may have taken the session, and repaired it: what is queued was
+            # made under the lost ownership and is never written under a new one.
             self._stop(lane, batch, failure)
         elif isinstance(failure, (SessionLocked, SessionNotFound, CorruptLog, StoreClosed)):
             # Owning the session failed (or the store is gone): nothing was written, and
@@ -615,9 +636,13 @@ class WriteBehind:
         self._report(lane, exc)
 
     def _stop(self, lane: _Lane, batch: list[_Pending], exc: AppendFailed) -> None:
+        """Nothing more is written to the session: ``batch`` fails with ``exc``, the rest
+        of its queue with StoreClosed, and new events are refused (``exc``)."""
         lane.dead = exc
         _fail(batch, exc)
-        stopped = StoreClosed(f"{lane.session_id}: not written: an earlier batch's outcome is unknown ({exc})")
+        why = ("this writer lost the session's ownership" if isinstance(exc, OwnershipLost)
+               else "an earlier batch's outcome is unknown")
+        stopped = StoreClosed(f"{lane.session_id}: not written: {why} ({exc})")
         _fail(lane.queue, stopped)
         lane.queue.clear()
         self._report(lane, exc)

@@ -11,11 +11,13 @@ PostgreSQL tests need SESSIONLOG_TEST_POSTGRES_URL (a schema of their own per te
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from postgres import postgres_base_url, postgres_schema_url
+from sessionlog.backends import sql_engines
 from test_sql_fleet import lock_holders, server
 
 import sessionlog
@@ -279,3 +282,192 @@ def test_a_connection_lost_at_commit_is_one_error_not_a_logged_traceback(
         assert [r.seq for r in store.read("s")] == [1, 2]
         with store.session("s") as handle:
             assert handle.append(note(3)) == 3
+
+
+# --- a lock lost while it is being used to take the session --------------------------------
+
+
+@pytest.mark.parametrize("operation", ["open", "repair", "delete"])
+def test_a_taker_whose_lock_dies_before_it_writes_writes_nothing(
+    pg_url: str, operation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store A takes the session's lock; its lock connection dies before A's open, repair
+    or delete writes anything, and store B takes the session and appends. A must then
+    write nothing (it no longer holds the lock) and leave B's ownership intact."""
+    with sessionlog.open_store(pg_url) as zombie, sessionlog.open_store(pg_url) as other:
+        zombie.create("s", OPEN_TURN)
+        holder: dict[str, Any] = {}
+        real_acquire = sql_engines.AdvisoryOwnership.acquire
+
+        def acquire(self: Any, timeout: float) -> None:
+            real_acquire(self, timeout)
+            if self.locks is zombie.kind.locks and "b" not in holder:
+                server("SELECT pg_terminate_backend(:p)", p=self.token[0])
+                wait_for(lambda: not lock_holders(pg_url, "s"), "the server to release the lock")
+                holder["b"] = other.session("s")
+                holder["seq"] = holder["b"].append([{"type": "user/message", "turn": "t1", "content": "B"}])
+
+        monkeypatch.setattr(sql_engines.AdvisoryOwnership, "acquire", acquire)
+        with pytest.raises(sessionlog.IOFailure, match="lock was lost while the session was being taken"):
+            if operation == "open":
+                zombie.session("s")
+            elif operation == "repair":
+                zombie.repair("s")
+            else:
+                zombie.delete("s")
+        monkeypatch.undo()
+        b = holder["b"]
+        assert holder["seq"] == 4
+        assert b.append([{"type": "user/message", "turn": "t1", "content": "B again"}]) == 5
+        assert [r.type for r in other.read("s")] == [
+            "session/start", "turn/start", "step/start", "user/message", "user/message",
+        ]
+        b.close()
+        # The failed taker's store is not locked out: the session is free once B closes.
+        with zombie.session("s") as again:
+            assert again.last_seq == 5
+
+
+OPEN_TURN = [{"type": "turn/start", "turn": "t1"}, {"type": "step/start", "turn": "t1", "step": 1}]
+
+
+# --- the write-behind after its ownership was lost -----------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["append", "submit", "group"])
+def test_the_writer_never_writes_behind_a_writer_that_took_its_session(pg_url: str, mode: str) -> None:
+    """The writer's lock connection dies and another store repairs s1 (closing its turn).
+    What the writer had queued for s1 was made under the lost ownership: it fails
+    (OwnershipLost), and the writer takes nothing more for s1; nothing lands after the
+    repair."""
+    with sessionlog.open_store(pg_url) as store, sessionlog.open_store(pg_url) as operator:
+        store.create("s1")
+        store.create("s2")
+
+        outcome: list[Any] = []
+
+        async def main() -> None:
+            async with store.writer() as w:
+                await w.append("s1", [{"type": "turn/start", "turn": "t1"}])
+                await w.append("s2", [{"type": "turn/start", "turn": "t1"}])
+                (holder,) = lock_holders(pg_url, "s1")
+                server("SELECT pg_terminate_backend(:p)", p=holder)
+                wait_for(lambda: not lock_holders(pg_url, "s1"), "the server to release the lock")
+                assert operator.repair("s1").status == "repaired"
+                late = [{"type": "user/message", "turn": "t1", "content": "after the takeover"}]
+                if mode == "append":
+                    outcome.extend(await asyncio.gather(w.append("s1", late), return_exceptions=True))
+                elif mode == "submit":
+                    w.submit("s1", late)
+                    outcome.extend(await asyncio.gather(w.flush("s1"), return_exceptions=True))
+                else:
+                    outcome.extend(await asyncio.gather(w.append("s1", late), w.append("s2", late),
+                                                        return_exceptions=True))
+                with pytest.raises(sessionlog.OwnershipLost):
+                    w.submit("s1", late)  # the session is closed to this writer
+
+        with pytest.raises(sessionlog.OwnershipLost):
+            asyncio.run(main())  # and close() says so again
+        assert outcome and isinstance(outcome[0], sessionlog.OwnershipLost), outcome
+        if mode == "group":  # s2 lost its lock with the same connection: refused too, not re-owned
+            assert isinstance(outcome[1], sessionlog.OwnershipLost), outcome
+        assert [r.type for r in store.read("s1")][-1] == "turn/end"
+        assert "after the takeover" not in [r.get("content") for r in store.read("s1")]
+
+
+# --- names: the tables a store writes are the ones its locks guard -----------------------
+
+
+def test_a_store_without_schema_keeps_writing_the_tables_it_opened(pg_url: str) -> None:
+    """search_path "a, b" with the store in b: opened without ``?schema=``, the store keys
+    its locks by b. When a store later appears in a, the first store still writes b's
+    tables (not a's, under b's key, beside a's own owner)."""
+    b_url = pg_url
+    b = schema_of(b_url)
+    a = f"{b}_a"
+    base = sa.make_url(b_url).difference_update_query(["schema"])
+    a_url = base.update_query_dict({"schema": a}).render_as_string(hide_password=False)
+    pathed = base.update_query_dict({"options": f"-csearch_path={a},{b}"}).render_as_string(hide_password=False)
+    ddl(f'CREATE SCHEMA "{a}"')
+    try:
+        with sessionlog.open_store(b_url) as in_b:
+            in_b.create("s")
+        with sessionlog.open_store(pathed) as first:
+            handle = first.session("s")
+            handle.append([{"type": "note/first"}])
+            with sessionlog.open_store(a_url) as in_a:
+                in_a.create("s")
+                with in_a.session("s") as theirs:
+                    theirs.append([{"type": "note/a"}])
+                    handle.append([{"type": "note/first"}])
+                    theirs.append([{"type": "note/a"}])
+                assert [r.type for r in in_a.read("s")] == ["session/start", "note/a", "note/a"]
+            handle.close()
+        with sessionlog.open_store(b_url, read_only=True) as in_b:
+            assert [r.type for r in in_b.read("s")] == ["session/start", "note/first", "note/first"]
+    finally:
+        ddl(f'DROP SCHEMA IF EXISTS "{a}" CASCADE')
+
+
+@pytest.mark.parametrize("isolation", ["serializable", "repeatable read"])
+def test_the_migration_sees_a_migration_that_committed_while_it_waited(pg_url: str, isolation: str) -> None:
+    """A server whose default isolation is not READ COMMITTED: a store that waited for the
+    schema lock while another migrated must see version 2 once it has the lock (its
+    snapshot taken before the wait would still say 1: ADD COLUMN again, and fail)."""
+    schema = schema_of(pg_url)
+    with sessionlog.open_store(pg_url) as store:
+        store.create("s")
+    ddl(f'ALTER TABLE "{schema}".sessionlog_sessions DROP COLUMN owner_epoch; '
+        f"UPDATE \"{schema}\".sessionlog_meta SET value = '1' WHERE key = 'schema_version'")
+    url = pg_url + "&options=" + urllib.parse.quote(f"-cdefault_transaction_isolation={isolation.replace(' ', chr(92) + ' ')}")
+    engine = sa.create_engine(sa.make_url(postgres_base_url()).set(drivername="postgresql+psycopg"))
+    outcome: dict[str, Any] = {}
+    app = f"sl_mig_{secrets.token_hex(4)}"
+
+    def open_store() -> None:
+        try:
+            with sessionlog.open_store(f"{url}&application_name={app}") as s:
+                outcome["seq"] = s.append("s", [{"type": "note/x"}])
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (sql_engines.SCHEMA_LOCK_KEY,))
+            opener = threading.Thread(target=open_store)
+            opener.start()
+            wait_for(lambda: waiting_on_a_lock(app), "the store to wait for the schema lock")
+            conn.exec_driver_sql(f'ALTER TABLE "{schema}".sessionlog_sessions '
+                                 "ADD COLUMN owner_epoch BIGINT NOT NULL DEFAULT 0")
+            conn.exec_driver_sql(f"UPDATE \"{schema}\".sessionlog_meta SET value = '2' WHERE key = 'schema_version'")
+            conn.commit()
+        opener.join(60)
+    finally:
+        engine.dispose()
+    assert outcome == {"seq": 2}, outcome
+
+
+def test_an_sqlite_file_with_a_second_name_is_refused_for_writing(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    with sessionlog.open_store(f"sqlite:///{db}") as store:
+        store.create("s")
+    os.link(db, tmp_path / "alias.db")
+    for name in ("store.db", "alias.db"):
+        with pytest.raises(sessionlog.DurabilityRefused, match="2 names"):
+            sessionlog.open_store(f"sqlite:///{tmp_path / name}")
+        with sessionlog.open_store(f"sqlite:///{tmp_path / name}", read_only=True) as reader:
+            assert reader.sessions() == ["s"]
+
+
+def test_an_sqlite_database_in_a_symlinked_directory_is_written_where_it_lies(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with sessionlog.open_store(f"sqlite:///{tmp_path / 'link' / 'store.db'}") as store:
+        store.create("s")
+        with store.session("s") as handle:
+            handle.append([{"type": "note/x"}])
+            with sessionlog.open_store(f"sqlite:///{real / 'store.db'}") as direct:
+                with pytest.raises(SessionLocked):
+                    direct.session("s")
+    assert (real / "store.db").is_file() and (real / ".store.db.locks").is_dir()
