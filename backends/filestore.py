@@ -23,6 +23,7 @@ from sessionlog.contract import (
     InvalidEvent,
     InvalidSessionId,
     IOFailure,
+    OwnershipLost,
     RepairReport,
     ScanResult,
     SequenceConflict,
@@ -297,6 +298,11 @@ class FileSession:
         batch = events_list(events)
         with self._mutex:
             self._check_usable()
+            try:
+                self._lock.check()  # the lock is still on the file its path names
+            except OwnershipLost as exc:
+                self._failed = str(exc)
+                raise
             # Under the lock: the path must still name the open file at its remembered end.
             try:
                 st = self._fs.stat(self.path)

@@ -376,7 +376,9 @@ class SqliteKind(EngineKind):
         self, cur: sqlite3.Cursor, session_id: str, lines: list[bytes], assumed_last: int,
         expect_seq: int | None, encode: Encode, owner: Ownership,
     ) -> int:
-        # The flock cannot be lost while the handle's descriptor is open: no check here.
+        # The flock cannot be lost while the handle's descriptor is open, but its file can be
+        # removed (a cleaner of old files): then another process could take a new one.
+        owner.check()  # type: ignore[attr-defined]
         cur.execute("BEGIN IMMEDIATE")
         try:
             row = cur.execute(self.sql_tail, (session_id,)).fetchone()
@@ -406,6 +408,11 @@ class SqliteKind(EngineKind):
         return last + len(lines)
 
     def append_group_once(self, cur: sqlite3.Cursor, batches: list[GroupBatch], owners: list[Ownership]) -> None:
+        for batch, owner in zip(batches, owners, strict=True):
+            try:
+                owner.check()  # type: ignore[attr-defined]
+            except OwnershipLost as exc:
+                raise blame(exc, batch.index) from None
         cur.execute("BEGIN IMMEDIATE")
         try:
             tails = self._group_tails(cur, batches)
@@ -507,6 +514,10 @@ class FileOwnership:
 
     def lost(self) -> None:  # pragma: no cover - a flock held by an open descriptor is never lost
         pass
+
+    def check(self) -> None:
+        """OwnershipLost when the lock file was removed or replaced (see FileLock.check)."""
+        self._lock.check()
 
     def creates_on_acquire(self) -> bool:
         return not os.path.lexists(self._lock.path)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import filelock
 
-from .contract import AppendFailed, SessionLocked, SessionLogError
+from .contract import AppendFailed, OwnershipLost, SessionLocked, SessionLogError
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -415,13 +415,20 @@ def sweep_temps(fs: FileSystem, directory: str) -> None:
 class FileLock:
     """An exclusive lock on a lock file that is created 0600 with O_NOFOLLOW and never
     unlinked, taken with filelock's ``lock_descriptor`` on the descriptor the seam opened
-    (``flock`` on Linux). One lock per instance; not usable after ``fork``."""
+    (``flock`` on Linux). One lock per instance; not usable after ``fork``.
+
+    A lock is on a file, not on its name: if the file is removed or replaced (a cleaner of
+    old files in /tmp, an operator), a second process creates a new one and takes that.
+    So a lock is taken only on the file its path names once it is held (else it is taken
+    again), and :meth:`check` (one ``stat``, before each append) refuses to write once
+    the path names another file."""
 
     def __init__(self, fs: FileSystem, path: str) -> None:
         self.fs = fs
         self.path = path
         self.fd: int | None = None
         self._pid = os.getpid()
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the locked file
 
     def acquire(self, timeout: float | None = 0.0) -> None:
         """Take the lock, waiting up to ``timeout`` seconds (None: as long as it takes;
@@ -430,23 +437,59 @@ class FileLock:
         device planted there) propagates to the caller, which names the operation."""
         if self.fd is not None:
             raise SessionLogError(f"{self.path}: lock already held by this handle")
-        fd = self.fs.open(self.path, os.O_RDWR | os.O_CREAT | O_NOFOLLOW, FILE_MODE)
-        try:
-            if timeout is None:
-                self.fs.lock_descriptor(fd, blocking=True)
-            else:
-                # filelock's descriptor lock either blocks without a deadline or tries
-                # once: a bounded wait is attempts until the deadline.
-                deadline = time.monotonic() + max(timeout, PROBE_GRACE)
-                while not self.fs.lock_descriptor(fd, blocking=False):
-                    if time.monotonic() >= deadline:
-                        raise SessionLocked(f"{self.path}: another writer owns this session")
-                    time.sleep(LOCK_POLL)
-        except BaseException:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, PROBE_GRACE)
+        while True:
+            fd = self.fs.open(self.path, os.O_RDWR | os.O_CREAT | O_NOFOLLOW, FILE_MODE)
+            try:
+                if deadline is None:
+                    self.fs.lock_descriptor(fd, blocking=True)
+                else:
+                    # filelock's descriptor lock either blocks without a deadline or tries
+                    # once: a bounded wait is attempts until the deadline.
+                    while not self.fs.lock_descriptor(fd, blocking=False):
+                        if time.monotonic() >= deadline:
+                            raise SessionLocked(f"{self.path}: another writer owns this session")
+                        time.sleep(LOCK_POLL)
+                ident = self._named(fd)
+            except BaseException:
+                self.fs.close(fd)
+                raise
+            if ident is not None:
+                break
+            # The file was removed or replaced while this waited for it: whoever holds
+            # the lock on the file the path names now owns the session. Take that one.
             self.fs.close(fd)
-            raise
         self.fd = fd
+        self._ident = ident
         self._pid = os.getpid()
+
+    def _named(self, fd: int) -> tuple[int, int] | None:
+        """The identity of the file open on ``fd`` when the path names it, else None."""
+        held = self.fs.fstat(fd)
+        try:
+            named = self.fs.stat(self.path)
+        except FileNotFoundError:
+            return None
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            return None
+        return held.st_dev, held.st_ino
+
+    def check(self) -> None:
+        """Raise OwnershipLost when the path no longer names the locked file (it was
+        removed or replaced: another process can take a lock on the new one)."""
+        try:
+            named = self.fs.stat(self.path)
+        except FileNotFoundError:
+            named = None
+        except OSError as exc:
+            raise OwnershipLost(f"{self.path}: cannot check the lock file ({exc.strerror or exc}); "
+                                "nothing was written") from exc
+        if named is None or (named.st_dev, named.st_ino) != self._ident:
+            raise OwnershipLost(
+                f"{self.path}: the lock file was {'removed' if named is None else 'replaced'} while this "
+                "handle held its lock, so another writer may own the session; nothing was written: close this "
+                "handle, then open the session again"
+            )
 
     def release(self) -> None:
         """Drop the lock (in the process that took it only: a forked child sharing the

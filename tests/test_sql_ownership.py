@@ -471,3 +471,79 @@ def test_an_sqlite_database_in_a_symlinked_directory_is_written_where_it_lies(tm
                 with pytest.raises(SessionLocked):
                     direct.session("s")
     assert (real / "store.db").is_file() and (real / ".store.db.locks").is_dir()
+
+
+# --- a lock file removed under its holder --------------------------------------------------
+
+
+def _lock_file(url: str, session_id: str) -> Path:
+    if url.startswith("sqlite:///"):
+        db = Path(url.removeprefix("sqlite:///"))
+        return db.parent / f".{db.name}.locks" / f"{session_id}.lock"
+    return Path(url.split(":", 1)[1]) / f".{session_id}.lock"
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd", "sqlite"])
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_writer_whose_lock_file_was_removed_writes_nothing(tmp_path: Path, backend: str, how: str) -> None:
+    """A cleaner of old files removes (or an operator replaces) the lock file of a session
+    a long-lived handle holds: another process can then take a lock on a new file. The
+    old handle refuses to append (OwnershipLost) instead of writing beside the new owner."""
+    url = f"sqlite:///{tmp_path / 'store.db'}" if backend == "sqlite" else f"{backend}:{tmp_path / 'store'}"
+    with sessionlog.open_store(url) as store, sessionlog.open_store(url) as other:
+        store.create("s")
+        old = store.session("s")
+        old.append(note(1))
+        lock = _lock_file(url, "s")
+        lock.unlink()
+        if how == "replaced":
+            lock.write_bytes(b"")
+            lock.chmod(0o600)
+        new = other.session("s")  # takes a lock on the file the path names now
+        assert new.append(note(2)) == 3
+        if backend == "sqlite":  # a group commit names the batch whose lock file went
+            store.create("t")
+            with store.session("t") as fine:
+                with pytest.raises(sessionlog.OwnershipLost) as info:
+                    store.append_group([(fine, note(5)), (old, note(6))])
+                assert info.value.group_index == 1
+                assert fine.append(note(5)) == 2
+        else:
+            with pytest.raises(sessionlog.OwnershipLost, match="lock file was"):
+                old.append(note(3))
+        with pytest.raises(StoreClosed):
+            old.append(note(4))
+        old.close()
+        assert [r.get("i") for r in other.read("s")][1:] == [1, 2]
+        assert new.append(note(7)) == 4
+        new.close()
+
+
+def test_a_lock_file_removed_while_its_taker_waits_is_not_taken(tmp_path: Path) -> None:
+    """A taker that opened the lock file and waits for it while the holder's file is
+    removed and a third process takes a new one must not think it holds the session."""
+    url = f"jsonl:{tmp_path / 'store'}"
+    with sessionlog.open_store(url) as a, sessionlog.open_store(url) as b, sessionlog.open_store(url) as c:
+        a.create("s")
+        first = a.session("s")
+        outcome: dict[str, Any] = {}
+
+        def take() -> None:
+            try:
+                outcome["handle"] = b.session("s", timeout=5)
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        taker = threading.Thread(target=take)
+        taker.start()
+        time.sleep(0.3)  # b has the old file open and waits for its lock
+        _lock_file(url, "s").unlink()
+        third = c.session("s")  # a new lock file, locked
+        first.close()  # b now gets the lock on the removed file: it must not own the session
+        time.sleep(0.5)
+        assert "handle" not in outcome, outcome
+        third.close()  # the session is free: b takes the lock on the file the path names
+        taker.join(10)
+        handle = outcome["handle"]
+        assert handle.append(note(1)) == 2
+        handle.close()
