@@ -7,7 +7,9 @@ durability step, is here once, on the core's primitives (``sessionlog.durable``)
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import sys
 import threading
@@ -298,11 +300,6 @@ class FileSession:
         batch = events_list(events)
         with self._mutex:
             self._check_usable()
-            try:
-                self._lock.check()  # the lock is still on the file its path names
-            except OwnershipLost as exc:
-                self._failed = str(exc)
-                raise
             # Under the lock: the path must still name the open file at its remembered end.
             try:
                 st = self._fs.stat(self.path)
@@ -326,9 +323,46 @@ class FileSession:
             return self._write(data, n, last_ts)
 
     def _write(self, data: bytes, n: int, last_ts: float) -> int:
-        """Write one encoded batch durably. Nothing after the sync can fail."""
+        """Write one encoded batch durably. Nothing after the sync can fail.
+
+        The write is fenced: it holds an exclusive ``flock`` on the log file's own
+        descriptor (every writer of the file takes it) from the checks to the sync.
+        Under it the session's lock file must still be the one this handle locked, and
+        the file must still end where this handle left it: else another writer owns the
+        session or wrote to it (its lock file was removed, say), and nothing is written
+        (OwnershipLost) rather than a batch with seqs another writer has used, or a
+        rollback that would cut its records."""
         assert self._fd is not None
+        fs, fd = self._fs, self._fd
         self.store._tails.pop(self.session_id, None)
+        try:
+            fs.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise AppendFailed(f"{self.path}: cannot lock the log file for the append: {exc.strerror or exc}") from exc
+        try:
+            try:
+                self._lock.check()
+                size = fs.fstat(fd).st_size
+            except OwnershipLost as exc:
+                self._failed = str(exc)
+                raise
+            except OSError as exc:
+                raise AppendFailed(f"{self.path}: stat failed before the append: {exc.strerror or exc}") from exc
+            if size != self._end:
+                lost = OwnershipLost(
+                    f"{self.path}: the log is {size} bytes where this handle's appends left it at {self._end}: "
+                    "another writer appended while this handle owned the session; nothing was written: close "
+                    "this handle, then open the session again"
+                )
+                self._failed = str(lost)
+                raise lost
+            return self._append(data, n, last_ts)
+        finally:
+            with contextlib.suppress(OSError):
+                fs.flock(fd, fcntl.LOCK_UN)  # closing the descriptor drops it all the same
+
+    def _append(self, data: bytes, n: int, last_ts: float) -> int:
+        assert self._fd is not None
         try:
             self._end = durable_append(self._fs, self._fd, data, self._end)
         except AppendFailed as exc:
@@ -361,15 +395,18 @@ class FileSession:
         Closing never raises over an exception already in flight."""
         with self._mutex:
             if self._grown and self._fd is not None and self._failed is None:
-                # The next open of the session in this process reuses this tail (no other
-                # handle could append while this one held the lock).
+                # The next open of the session in this process reuses this tail: only when
+                # the file is as this handle's appends left it and the lock is still on the
+                # file its path names (no other writer can have written meanwhile).
                 try:
                     st = self._fs.fstat(self._fd)
-                except OSError:
+                    self._lock.check()
+                except (OSError, SessionLogError):
                     pass  # no cache: the next open validates the tail and the name
                 else:
-                    self._remember(st)
-                    name_still_durable(self.path, st)
+                    if (st.st_ino, st.st_size) == (self._ino, self._end):
+                        self._remember(st)
+                        name_still_durable(self.path, st)
             self._close_fd()
             self._lock.release()
 
@@ -846,7 +883,17 @@ class FileStore:
         except OSError as exc:
             raise _io_error(exc, path, "open") from exc
         try:
+            # Fenced as an append is (FileSession._write): holding the log file's own lock,
+            # the file must be as the scan read it, or another writer wrote to it (its lock
+            # file was removed, say) and nothing is cut or appended.
+            fs.flock(fd, fcntl.LOCK_EX)
             st = fs.fstat(fd)
+            scanned = damage.offset + damage.length if damage is not None else scan.stable_offset
+            if st.st_size != scanned:
+                raise OwnershipLost(
+                    f"{path}: the log is {st.st_size} bytes where the repair's scan read {scanned}: another "
+                    "writer wrote to it while the repair held the session's lock; nothing was written"
+                )
             check_not_poisoned((st.st_dev, st.st_ino), path)
             ensure_name_durable(fs, self.directory, path, st)
             self._tails.pop(session_id, None)

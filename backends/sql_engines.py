@@ -376,11 +376,12 @@ class SqliteKind(EngineKind):
         self, cur: sqlite3.Cursor, session_id: str, lines: list[bytes], assumed_last: int,
         expect_seq: int | None, encode: Encode, owner: Ownership,
     ) -> int:
-        # The flock cannot be lost while the handle's descriptor is open, but its file can be
-        # removed (a cleaner of old files): then another process could take a new one.
-        owner.check()  # type: ignore[attr-defined]
         cur.execute("BEGIN IMMEDIATE")
         try:
+            # The flock cannot be lost while the handle's descriptor is open, but its file
+            # can be removed (a cleaner of old files): then another process could take a
+            # new one. Checked holding the database's write lock: no commit comes between.
+            owner.check()  # type: ignore[attr-defined]
             row = cur.execute(self.sql_tail, (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
@@ -408,13 +409,13 @@ class SqliteKind(EngineKind):
         return last + len(lines)
 
     def append_group_once(self, cur: sqlite3.Cursor, batches: list[GroupBatch], owners: list[Ownership]) -> None:
-        for batch, owner in zip(batches, owners, strict=True):
-            try:
-                owner.check()  # type: ignore[attr-defined]
-            except OwnershipLost as exc:
-                raise blame(exc, batch.index) from None
         cur.execute("BEGIN IMMEDIATE")
         try:
+            for batch, owner in zip(batches, owners, strict=True):
+                try:
+                    owner.check()  # type: ignore[attr-defined]
+                except OwnershipLost as exc:
+                    raise blame(exc, batch.index) from None
             tails = self._group_tails(cur, batches)
             rows: list[tuple[str, int, bytes]] = []
             for batch in batches:

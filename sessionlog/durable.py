@@ -7,6 +7,7 @@ Nothing here knows about records: it moves bytes durably.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -15,6 +16,7 @@ import secrets
 import stat
 import sys
 import time
+import weakref
 from collections.abc import Iterable
 
 import filelock
@@ -459,9 +461,14 @@ class FileLock:
             # The file was removed or replaced while this waited for it: whoever holds
             # the lock on the file the path names now owns the session. Take that one.
             self.fs.close(fd)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SessionLocked(f"{self.path}: another writer owns this session (its lock file was replaced "
+                                    "while this waited for it)")
+            time.sleep(LOCK_POLL)
         self.fd = fd
         self._ident = ident
         self._pid = os.getpid()
+        _HELD_LOCKS.add(self)
 
     def _named(self, fd: int) -> tuple[int, int] | None:
         """The identity of the file open on ``fd`` when the path names it, else None."""
@@ -479,11 +486,11 @@ class FileLock:
         removed or replaced: another process can take a lock on the new one)."""
         try:
             named = self.fs.stat(self.path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             named = None
-        except OSError as exc:
-            raise OwnershipLost(f"{self.path}: cannot check the lock file ({exc.strerror or exc}); "
-                                "nothing was written") from exc
+        except OSError as exc:  # EACCES, EIO...: not known to be lost; nothing written, retry allowed
+            raise AppendFailed(f"{self.path}: cannot check the lock file ({exc.strerror or exc}); "
+                               "nothing was written") from exc
         if named is None or (named.st_dev, named.st_ino) != self._ident:
             raise OwnershipLost(
                 f"{self.path}: the lock file was {'removed' if named is None else 'replaced'} while this "
@@ -495,6 +502,7 @@ class FileLock:
         """Drop the lock (in the process that took it only: a forked child sharing the
         descriptor must not release its parent's lock) and close the descriptor."""
         fd, self.fd = self.fd, None
+        _HELD_LOCKS.discard(self)
         if fd is not None and os.getpid() == self._pid:
             try:
                 self.fs.unlock_descriptor(fd)
@@ -506,6 +514,28 @@ class FileLock:
     @property
     def held(self) -> bool:
         return self.fd is not None and os.getpid() == self._pid
+
+
+_HELD_LOCKS: weakref.WeakSet[FileLock] = weakref.WeakSet()
+"""The locks this process holds, for :func:`_forget_locks_in_child`."""
+
+
+def _forget_locks_in_child() -> None:
+    """After ``fork``, in the child: close its copies of the held locks' descriptors. A
+    flock belongs to the open file, shared by both copies: were the child to keep its
+    copy, a parent killed later would leave its sessions owned for as long as the child
+    lives. Closing a copy does not release the parent's lock (the parent's descriptor
+    still holds it); the child's handles are unusable anyway."""
+    for lock in list(_HELD_LOCKS):
+        fd, lock.fd = lock.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def lock_is_held(fs: FileSystem, path: str) -> bool:

@@ -133,6 +133,7 @@ class _Lane:
     dead: SessionLogError | None = None  # an unknown outcome: nothing more is written
     lost: SessionLogError | None = None  # submitted events failed for the session's state: the next flush raises it
     waiters: set[asyncio.Future[None]] = field(default_factory=set)  # flushes waiting (woken when it pauses)
+    tail: int | None = None  # the session's last seq as this writer last knew it, owning it
 
 
 class WriteBehind:
@@ -446,7 +447,7 @@ class WriteBehind:
         for lane, batch in items:
             if lane.handle is None:
                 try:
-                    lane.handle = self.store.session(lane.session_id, timeout=self.lock_wait)  # type: ignore[call-arg]
+                    self._own(lane)
                 except BaseException as exc:  # noqa: BLE001 - settled on the loop
                     unowned.append((lane, batch, exc))
                     continue
@@ -455,7 +456,10 @@ class WriteBehind:
             return ready, unowned, None, None
         group = [(lane.handle, [e for p in batch for e in p.events], batch[0].expect_seq) for lane, batch in ready]
         try:
-            return ready, unowned, self.store.append_group(group), None  # type: ignore[attr-defined]
+            lasts = self.store.append_group(group)  # type: ignore[attr-defined]
+            for (lane, _), last in zip(ready, lasts, strict=True):
+                lane.tail = last
+            return ready, unowned, lasts, None
         except BaseException as exc:  # noqa: BLE001 - settled on the loop
             if isinstance(exc, AppendFailed):
                 # The store closed the handle it blamed (``group_index``), or every handle of
@@ -602,12 +606,33 @@ class WriteBehind:
         finally:
             self._in_flight -= 1
 
+    def _own(self, lane: _Lane) -> SessionHandle:
+        """Open the session for ``lane`` (in a worker thread). A session this writer owned
+        before (its handle was closed by a failed write) must end where this writer left
+        it: if another writer wrote to it meanwhile (a repair that closed the turn, say),
+        what is queued was made without knowing that and is not written (OwnershipLost)."""
+        handle = self.store.session(lane.session_id, timeout=self.lock_wait)  # type: ignore[call-arg]
+        found = handle.last_seq
+        if lane.tail is not None and found != lane.tail:
+            with contextlib.suppress(SessionLogError):
+                handle.close()
+            raise OwnershipLost(
+                f"{lane.session_id}: the session changed while this writer did not hold it (it ended at seq "
+                f"{lane.tail}, now at {found}): another writer wrote to it; what was queued is not written: "
+                "read the session again, then write through a new writer"
+            )
+        lane.tail = found
+        lane.handle = handle
+        return handle
+
     def _write_sync(self, lane: _Lane, events: list[Mapping[str, Any]], expect_seq: int | None = None) -> int:
         handle = lane.handle
         if handle is None:
-            handle = lane.handle = self.store.session(lane.session_id, timeout=self.lock_wait)  # type: ignore[call-arg]
+            handle = self._own(lane)
         try:
-            return handle.append(events, expect_seq=expect_seq)
+            last = handle.append(events, expect_seq=expect_seq)
+            lane.tail = last
+            return last
         except AppendFailed:
             # A failed handle is unusable; the next write opens a new one.
             with contextlib.suppress(SessionLogError):

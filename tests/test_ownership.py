@@ -1,7 +1,8 @@
-"""Single ownership on the SQL backend, under what breaks it in the field: a lock
-connection that dies while an append waits, a second spelling of the same store, a
-symlink to the SQLite file, a server that ends idle connections, a reopen after a lost
-lock, a connection lost at COMMIT.
+"""Single ownership, under what breaks it in the field: a PostgreSQL lock connection that
+dies while an append waits, a second spelling of the same store, a symlink or a hard link
+to the SQLite file, a server that ends idle connections, a reopen after a lost lock, a
+connection lost at COMMIT, a lock file removed under its holder, a transient failure of
+the write-behind, a fork.
 
 The invariant checked: a writer that opened a session saw every record committed before
 its open returned, and no append of an earlier owner commits after it (the earlier
@@ -12,9 +13,14 @@ PostgreSQL tests need SESSIONLOG_TEST_POSTGRES_URL (a schema of their own per te
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
+import signal
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -26,6 +32,7 @@ import pytest
 import sqlalchemy as sa
 from postgres import postgres_base_url, postgres_schema_url
 from sessionlog.backends import sql_engines
+from sessionlog.durable import FileLock, FileSystem
 from test_sql_fleet import lock_holders, server
 
 import sessionlog
@@ -68,6 +75,15 @@ def wait_for(predicate: Any, what: str, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+async def until(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    """:func:`wait_for` on the event loop (which keeps running meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 # --- PostgreSQL: fencing -------------------------------------------------------------------
@@ -546,4 +562,315 @@ def test_a_lock_file_removed_while_its_taker_waits_is_not_taken(tmp_path: Path) 
         taker.join(10)
         handle = outcome["handle"]
         assert handle.append(note(1)) == 2
+        handle.close()
+
+
+# --- the write-behind across a transient failure ------------------------------------------
+
+
+class _FailingSync(FileSystem):
+    """The I/O seam with one failing ``fdatasync`` when armed (the batch is rolled back)."""
+
+    armed = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed:
+            self.armed = False
+            raise OSError(errno.EIO, "injected EIO")
+        super().fdatasync(fd)
+
+
+ASKED = [
+    {"type": "turn/start", "turn": "t1"},
+    {"type": "step/start", "turn": "t1", "step": 1},
+    {"type": "assistant/message", "turn": "t1", "step": 1, "content": None,
+     "tool_calls": [{"id": "c1", "name": "deploy", "arguments": {}}]},
+    {"type": "tool/call", "turn": "t1", "step": 1, "call_id": "c1", "name": "deploy"},
+]
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+def test_a_writer_paused_by_a_transient_failure_never_writes_behind_another_writer(
+    tmp_path: Path, backend: str
+) -> None:
+    """A rolled-back write (a failed sync, SQLite busy) pauses the session and closes the
+    writer's handle. If another writer takes the session meanwhile (here a repair answers
+    c1 TOOL_OUTCOME_UNKNOWN and closes the turn), the paused queue (c1's real result) is
+    not written behind it by the next flush: OwnershipLost, and c1 keeps one result."""
+    fs = _FailingSync()
+    if backend == "jsonl":
+        url = f"jsonl:{tmp_path / 'store'}"
+        store = sessionlog.open_store(url, fs=fs)
+    else:
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+        store = sessionlog.open_store(url, busy_timeout=0.05)
+    store.create("s1")
+    real = [{"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "deployed (the real result)"}]
+
+    async def main() -> None:
+        async with store.writer() as w:
+            await w.append("s1", ASKED)
+            blocker = None
+            if backend == "jsonl":
+                fs.armed = True
+            else:
+                blocker = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+                blocker.execute("BEGIN IMMEDIATE")
+            future = w.submit("s1", real)
+            await until(lambda: w.failure("s1") is not None, "the write to fail and pause the session")
+            if blocker is not None:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+            with sessionlog.open_store(url) as operator:  # the session is not owned now
+                assert operator.repair("s1").status == "repaired"
+            with pytest.raises(sessionlog.OwnershipLost, match="another writer wrote to it"):
+                await w.flush("s1")
+            assert isinstance(future.exception(), sessionlog.OwnershipLost)
+
+    with pytest.raises(sessionlog.OwnershipLost):
+        asyncio.run(main())
+    results = [r for r in store.read("s1") if r.type == "tool/result"]
+    assert [r["call_id"] for r in results] == ["c1"]
+    assert results[0]["output"] != real[0]["output"]  # the repair's answer, alone
+    assert store.scan("s1").status is sessionlog.Status.CLEAN
+    store.close()
+
+
+def test_a_writer_resumes_after_a_transient_failure_when_nobody_else_wrote(tmp_path: Path) -> None:
+    fs = _FailingSync()
+    with sessionlog.open_store(f"jsonl:{tmp_path / 'store'}", fs=fs) as store:
+        store.create("s1")
+
+        async def main() -> None:
+            async with store.writer() as w:
+                await w.append("s1", ASKED)
+                fs.armed = True
+                future = w.submit("s1", [{"type": "note/x"}])
+                await until(lambda: w.failure("s1") is not None, "the write to fail and pause the session")
+                await w.flush("s1")  # retried: nobody else wrote, so the queue is written
+                assert future.result() == 6
+
+        asyncio.run(main())
+        assert [r.seq for r in store.read("s1")][-1] == 6
+
+
+# --- the file backends: a stale tail, a slow write, a lock that cannot be checked -----------
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
+def test_a_handle_closed_after_another_writer_appended_leaves_no_stale_tail(tmp_path: Path, backend: str) -> None:
+    """The lock file of a handle's session is removed and another store appends; when the
+    old handle closes it must not remember the session's end as its own appends left it,
+    or the next open in its store would append with seqs already used."""
+    url = f"{backend}:{tmp_path / 'store'}"
+    with sessionlog.open_store(url) as mine, sessionlog.open_store(url) as theirs:
+        mine.create("s")
+        handle = mine.session("s")
+        handle.append(note(1))
+        _lock_file(url, "s").unlink()
+        with theirs.session("s") as other:
+            assert other.append(note(2)) == 3
+            assert other.append(note(3)) == 4
+        handle.close()
+        with mine.session("s") as again:
+            assert again.last_seq == 4
+            assert again.append(note(4)) == 5
+        assert mine.scan("s").status is sessionlog.Status.CLEAN
+
+
+def test_an_append_slow_to_write_does_not_reuse_the_seqs_of_another_writer(tmp_path: Path) -> None:
+    """P's append passed its checks and is slow to write (dirty-page throttling); its lock
+    file is removed and Q appends meanwhile. P's write must not land with Q's seqs: the
+    appends to one file are fenced by a lock on the file itself."""
+    url = f"jsonl:{tmp_path / 'store'}"
+    sessionlog.open_store(url).create("s")
+    slow = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert slow.stdout is not None
+        assert slow.stdout.readline().strip() == "writing"
+        _lock_file(url, "s").unlink()
+        quick = subprocess.run(
+            [sys.executable, "-c", "import sys, sessionlog\n"
+             "s = sessionlog.open_store(sys.argv[1], lock_timeout=0)\n"
+             "try:\n    print(s.append('s', [{'type': 'note/q'}]))\n"
+             "except sessionlog.SessionLogError as exc:\n    print(type(exc).__name__)", url],
+            capture_output=True, text=True, timeout=60,
+        )
+        out, _ = slow.communicate(timeout=60)
+    finally:
+        slow.kill()
+    acked = {"slow": out.strip(), "quick": quick.stdout.strip()}
+    with sessionlog.open_store(url) as reader:
+        scan = reader.scan("s")
+        assert scan.status is sessionlog.Status.CLEAN, (acked, scan)
+        records = list(reader.read("s"))
+    # Every acknowledged append is there, at the seq it was acknowledged with.
+    for who, kind in (("slow", "note/p"), ("quick", "note/q")):
+        if acked[who].isdigit():
+            assert records[int(acked[who]) - 1].type == kind, (acked, [r.type for r in records])
+    assert [r.seq for r in records] == list(range(1, len(records) + 1))
+
+
+_SLOW_WRITER = """
+import sys, time
+import sessionlog
+from sessionlog.durable import FileSystem
+
+class Slow(FileSystem):
+    slow = False
+    def write(self, fd, data):
+        if Slow.slow:
+            print("writing", flush=True)
+            time.sleep(1.0)
+        return super().write(fd, data)
+
+store = sessionlog.open_store(sys.argv[1], fs=Slow())
+with store.session("s") as handle:
+    handle.append([{"type": "note/p"}])
+    Slow.slow = True
+    try:
+        print(handle.append([{"type": "note/p"}]), flush=True)
+    except sessionlog.SessionLogError as exc:
+        print(type(exc).__name__, flush=True)
+"""
+
+
+class _LockStatFails(FileSystem):
+    """The I/O seam with ``stat`` of a lock file failing (EACCES) while armed."""
+
+    armed = False
+
+    def stat(self, path: str) -> os.stat_result:
+        if self.armed and path.endswith(".lock"):
+            raise PermissionError(errno.EACCES, "injected EACCES", path)
+        return super().stat(path)
+
+
+def test_a_lock_file_that_cannot_be_checked_is_not_a_lost_ownership(tmp_path: Path) -> None:
+    """A stat of the lock file that fails for another reason than its absence (EACCES for a
+    moment) writes nothing, but ownership is not lost: the write-behind pauses and its
+    next flush writes the queue."""
+    fs = _LockStatFails()
+    with sessionlog.open_store(f"jsonl:{tmp_path / 'store'}", fs=fs) as store:
+        store.create("s1")
+        with store.session("s1") as handle:
+            fs.armed = True
+            with pytest.raises(AppendFailed) as info:
+                handle.append(note(1))
+            assert not isinstance(info.value, sessionlog.OwnershipLost)
+            fs.armed = False
+
+        async def main() -> None:
+            async with store.writer() as w:
+                await w.append("s1", note(2))
+                fs.armed = True
+                future = w.submit("s1", note(3))
+                await until(lambda: w.failure("s1") is not None, "the write to fail and pause the session")
+                fs.armed = False
+                await w.flush("s1")
+                assert future.result() == 3
+
+        asyncio.run(main())
+
+
+class _Disagrees(FileSystem):
+    """A file system whose ``stat`` never names the file a descriptor has open."""
+
+    def stat(self, path: str) -> os.stat_result:
+        st = super().stat(path)
+        return os.stat_result((st.st_mode, st.st_ino + 1, *tuple(st)[2:]))
+
+
+def test_taking_a_lock_whose_file_keeps_changing_ends_at_its_timeout(tmp_path: Path) -> None:
+    outcome: list[BaseException | None] = []
+
+    def take() -> None:
+        try:
+            FileLock(_Disagrees(), str(tmp_path / ".s.lock")).acquire(0.2)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    taker = threading.Thread(target=take, daemon=True)  # a spinning acquire must not hang the suite
+    taker.start()
+    taker.join(10)
+    assert not taker.is_alive(), "acquire(0.2) was still looping after 10 s"
+    assert len(outcome) == 1 and isinstance(outcome[0], SessionLocked), outcome
+
+
+# --- fork ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
+def test_a_forked_child_does_not_keep_its_dead_parents_sessions_owned(tmp_path: Path, backend: str) -> None:
+    url = f"jsonl:{tmp_path / 'store'}" if backend == "jsonl" else f"sqlite:///{tmp_path / 'store.db'}"
+    parent = subprocess.Popen([sys.executable, "-c", _FORKING_OWNER, url], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert parent.stdout.readline().strip() == "child: StoreClosed"  # its copy of the handle is unusable
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        with sessionlog.open_store(url) as store:
+            assert store.append("s", note(2)) == 3  # the child lives on; the session is free
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+_FORKING_OWNER = """
+import os, sys, time
+import sessionlog
+store = sessionlog.open_store(sys.argv[1])
+store.create("s")
+handle = store.session("s")
+handle.append([{"type": "note/x", "i": 1}])
+pid = os.fork()
+if pid == 0:
+    try:
+        handle.append([{"type": "note/child"}])
+        print("child: appended", flush=True)
+    except sessionlog.SessionLogError as exc:
+        print("child:", type(exc).__name__, flush=True)
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+class _BeforeWriteOpen(FileSystem):
+    """The I/O seam calling ``hook`` once, when a log file is next opened for writing."""
+
+    hook: Any = None
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        if self.hook is not None and path.endswith(".jsonl") and flags & os.O_APPEND:
+            hook, self.hook = self.hook, None
+            hook()
+        return super().open(path, flags, mode)
+
+
+def test_a_repair_that_lost_its_lock_after_its_scan_writes_nothing(tmp_path: Path) -> None:
+    """A repair scanned the session (an open turn); before it writes, its lock file is
+    removed and another writer takes the session and appends. The repair must not close
+    the turn that writer is running."""
+    fs = _BeforeWriteOpen()
+    url = f"jsonl:{tmp_path / 'store'}"
+    with sessionlog.open_store(url, fs=fs) as store, sessionlog.open_store(url) as other:
+        store.create("s", ASKED)
+        taken: list[Any] = []
+
+        def take_over() -> None:
+            _lock_file(url, "s").unlink()
+            handle = other.session("s")
+            handle.append([{"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "ran"}])
+            taken.append(handle)
+
+        fs.hook = take_over
+        with pytest.raises(sessionlog.OwnershipLost):
+            store.repair("s")
+        assert taken, "the hook ran"
+        handle = taken[0]
+        assert [r.type for r in other.read("s")][-1] == "tool/result"  # the turn is still the writer's
+        assert handle.append([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"}]) == 7
         handle.close()
