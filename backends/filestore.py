@@ -7,9 +7,7 @@ durability step, is here once, on the core's primitives (``sessionlog.durable``)
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import os
 import sys
 import threading
@@ -52,6 +50,7 @@ from sessionlog.durable import (
     forget_name,
     fsync_dir,
     lock_is_held,
+    log_fence,
     name_still_durable,
     parse_quarantine_name,
     printable,
@@ -336,45 +335,41 @@ class FileSession:
         fs, fd = self._fs, self._fd
         self.store._tails.pop(self.session_id, None)
         try:
-            fs.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            raise AppendFailed(f"{self.path}: cannot lock the log file for the append: {exc.strerror or exc}") from exc
-        try:
-            try:
-                self._lock.check()
-                size = fs.fstat(fd).st_size
-            except OwnershipLost as exc:
-                self._failed = str(exc)
-                raise
-            except OSError as exc:
-                raise AppendFailed(f"{self.path}: stat failed before the append: {exc.strerror or exc}") from exc
-            if size != self._end:
-                lost = OwnershipLost(
-                    f"{self.path}: the log is {size} bytes where this handle's appends left it at {self._end}: "
-                    "another writer appended while this handle owned the session; nothing was written: close "
-                    "this handle, then open the session again"
-                )
-                self._failed = str(lost)
-                raise lost
-            return self._append(data, n, last_ts)
-        finally:
-            with contextlib.suppress(OSError):
-                fs.flock(fd, fcntl.LOCK_UN)  # closing the descriptor drops it all the same
-
-    def _append(self, data: bytes, n: int, last_ts: float) -> int:
-        assert self._fd is not None
-        try:
-            self._end = durable_append(self._fs, self._fd, data, self._end)
+            with log_fence(fs, fd, self.path):
+                self._fenced_checks()
+                self._end = durable_append(fs, fd, data, self._end)
         except AppendFailed as exc:
             self._failed = str(exc)
             if exc.outcome_unknown:
                 poison(self._file, str(exc))
-            self._close_fd()
+            self._close_fd()  # after the fence is released on it
             raise
         self._last_seq += n
         self._last_ts = last_ts
         self._grown = True  # the tail is remembered when the handle closes: one fstat, not one per append
         return self._last_seq
+
+    def _fenced_checks(self) -> None:
+        """Under the log's fence: the lock file is still the one this handle locked, and
+        the path still names the open file, ending where this handle's appends left it."""
+        try:
+            self._lock.check()
+            named = self._fs.stat(self.path)
+        except OwnershipLost:
+            raise
+        except FileNotFoundError:
+            raise OwnershipLost(f"{self.path}: the log was removed while this handle owned the session; "
+                                "nothing was written") from None
+        except OSError as exc:
+            raise AppendFailed(f"{self.path}: stat failed before the append: {exc.strerror or exc}; "
+                               "nothing was written") from exc
+        if (named.st_ino, named.st_size) != (self._ino, self._end):
+            what = "replaced" if named.st_ino != self._ino else f"{named.st_size} bytes long"
+            raise OwnershipLost(
+                f"{self.path}: the log was {what} where this handle's appends left it at {self._end} bytes: "
+                "another writer wrote to it while this handle owned the session; nothing was written: close "
+                "this handle, then open the session again"
+            )
 
     def _check_usable(self) -> None:
         if self._failed is not None:
@@ -886,39 +881,39 @@ class FileStore:
             # Fenced as an append is (FileSession._write): holding the log file's own lock,
             # the file must be as the scan read it, or another writer wrote to it (its lock
             # file was removed, say) and nothing is cut or appended.
-            fs.flock(fd, fcntl.LOCK_EX)
-            st = fs.fstat(fd)
-            scanned = damage.offset + damage.length if damage is not None else scan.stable_offset
-            if st.st_size != scanned:
-                raise OwnershipLost(
-                    f"{path}: the log is {st.st_size} bytes where the repair's scan read {scanned}: another "
-                    "writer wrote to it while the repair held the session's lock; nothing was written"
-                )
-            check_not_poisoned((st.st_dev, st.st_ino), path)
-            ensure_name_durable(fs, self.directory, path, st)
-            self._tails.pop(session_id, None)
-            end = scan.stable_offset
-            if damage is not None:
-                assert report.quarantine is not None
-                if report.publish_quarantine:
-                    # 1. The tail is published under its quarantine name: after this it
-                    #    survives power loss on its own, before a byte of the log is cut.
-                    publish_new(
-                        fs, self.directory, os.path.basename(report.quarantine),
-                        _chunks(fs, fd, damage.offset, damage.offset + damage.length),
+            with log_fence(fs, fd, path):  # released before the descriptor is closed
+                st = fs.fstat(fd)
+                scanned = damage.offset + damage.length if damage is not None else scan.stable_offset
+                if st.st_size != scanned:
+                    raise OwnershipLost(
+                        f"{path}: the log is {st.st_size} bytes where the repair's scan read {scanned}: another "
+                        "writer wrote to it while the repair held the session's lock; nothing was written"
                     )
-                # 2. The log is cut back to its stable prefix (durable on return).
-                durable_truncate(fs, fd, damage.offset)
-            # 3. Marker, synthetic results and closers, in that order, in durable batches
-            #    of at most the batch limit: a crash between two leaves a clean log whose
-            #    next repair answers what is still unanswered and closes what is open.
-            for batch in durable_batches([r.raw for r in report.appended], self.limits.batch_limit):
-                try:
-                    end = durable_append(fs, fd, self.framing.encode(batch), end)
-                except AppendFailed as exc:
-                    if exc.outcome_unknown:
-                        poison((st.st_dev, st.st_ino), str(exc))
-                    raise
+                check_not_poisoned((st.st_dev, st.st_ino), path)
+                ensure_name_durable(fs, self.directory, path, st)
+                self._tails.pop(session_id, None)
+                end = scan.stable_offset
+                if damage is not None:
+                    assert report.quarantine is not None
+                    if report.publish_quarantine:
+                        # 1. The tail is published under its quarantine name: after this it
+                        #    survives power loss on its own, before a byte of the log is cut.
+                        publish_new(
+                            fs, self.directory, os.path.basename(report.quarantine),
+                            _chunks(fs, fd, damage.offset, damage.offset + damage.length),
+                        )
+                    # 2. The log is cut back to its stable prefix (durable on return).
+                    durable_truncate(fs, fd, damage.offset)
+                # 3. Marker, synthetic results and closers, in that order, in durable batches
+                #    of at most the batch limit: a crash between two leaves a clean log whose
+                #    next repair answers what is still unanswered and closes what is open.
+                for batch in durable_batches([r.raw for r in report.appended], self.limits.batch_limit):
+                    try:
+                        end = durable_append(fs, fd, self.framing.encode(batch), end)
+                    except AppendFailed as exc:
+                        if exc.outcome_unknown:
+                            poison((st.st_dev, st.st_ino), str(exc))
+                        raise
         except OSError as exc:
             raise IOFailure(f"{path}: repair failed: {exc.strerror or exc}") from exc
         finally:

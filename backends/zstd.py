@@ -42,6 +42,7 @@ from sessionlog.durable import (
     FileLock,
     FileSystem,
     fsync_dir,
+    log_fence,
     temp_name,
     write_all,
 )
@@ -433,13 +434,18 @@ class ZstdStore(FileStore):
             fs.close(tmp_fd)
             tmp_fd = None
             self._verify_copy(tmp, session_id, scanner, digest.digest())
-            now = fs.stat(path)
-            if (now.st_ino, now.st_size) != (st.st_ino, st.st_size):
-                raise IOFailure(f"{path}: the log changed during compaction (a writer ignoring the lock?); "
-                                "left unchanged")
-            fs.rename(tmp, path)
-            renamed = True
-            fsync_dir(fs, self.directory)  # the new log replaces the old one across power loss
+            # Fenced as an append is: holding the old log's write lock from this check to
+            # the rename, no append of a writer that lost its lock lands in the old file
+            # after the check (and is lost with it); one that comes later finds the file
+            # replaced and writes nothing.
+            with log_fence(fs, fd, path):
+                now = fs.stat(path)
+                if (now.st_ino, now.st_size) != (st.st_ino, st.st_size):
+                    raise IOFailure(f"{path}: the log changed during compaction (a writer ignoring the lock?); "
+                                    "left unchanged")
+                fs.rename(tmp, path)
+                renamed = True
+                fsync_dir(fs, self.directory)  # the new log replaces the old one across power loss
             report.status, report.bytes_after = "compacted", written
             return report
         except OSError as exc:

@@ -17,7 +17,7 @@ import stat
 import sys
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import filelock
 
@@ -514,6 +514,39 @@ class FileLock:
     @property
     def held(self) -> bool:
         return self.fd is not None and os.getpid() == self._pid
+
+
+FENCE_WAIT = 10.0
+"""Seconds a writer waits for another writer's fence on a log file (a sync takes far less)."""
+
+
+@contextlib.contextmanager
+def log_fence(fs: FileSystem, fd: int, path: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the log file open on ``fd`` (every writer of a log
+    file takes it from its checks to its sync or rename), released before the block ends.
+    Waits up to :data:`FENCE_WAIT` seconds, then AppendFailed (nothing was written). The
+    caller must not close ``fd`` inside the block: the lock is released on ``fd`` itself,
+    never through a descriptor number that may have been closed and reused since."""
+    deadline = time.monotonic() + FENCE_WAIT
+    while True:
+        try:
+            fs.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise AppendFailed(
+                    f"{path}: another process has held the log file's write lock for {FENCE_WAIT:g} s "
+                    "(a writer of the same session, or a process that inherited its descriptor); nothing "
+                    "was written"
+                ) from None
+            time.sleep(LOCK_POLL)
+        except OSError as exc:
+            raise AppendFailed(f"{path}: cannot lock the log file: {exc.strerror or exc}; nothing was written") from exc
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fs.flock(fd, fcntl.LOCK_UN)
 
 
 _HELD_LOCKS: weakref.WeakSet[FileLock] = weakref.WeakSet()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .contract import IOFailure, SessionLocked, SessionLogError, read_prefix
-from .durable import O_NOFOLLOW, fsync_dir, publish_replace
+from .durable import O_NOFOLLOW, fsync_dir, log_fence, publish_replace
 from .events import LOG_TRUNCATED
 
 CHUNK = 1 << 20
@@ -134,8 +134,11 @@ def _restore_locked(store: Any, sid: str, dry_run: bool) -> RestoreReport:
             report.status = "restored"
             return report
         try:
-            publish_replace(fs, store.directory, os.path.basename(path),
-                            _content(fs, fd, offset, q_fd), expect=st)
+            # Fenced as an append is: no append lands in the old file after the check
+            # publish_replace makes (it would be lost with the old file).
+            with log_fence(fs, fd, path):
+                publish_replace(fs, store.directory, os.path.basename(path),
+                                _content(fs, fd, offset, q_fd), expect=st)
         except FileExistsError:
             return _refused(report, "the log changed while it was being restored")
         # The log holds the quarantined bytes again: the quarantine is no longer a cut tail.

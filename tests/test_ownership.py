@@ -77,6 +77,31 @@ def wait_for(predicate: Any, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
+class Started:
+    """``fn()`` running in a daemon thread (a hung call never hangs the suite); ``join``
+    returns what it returned, or the exception it raised."""
+
+    def __init__(self, fn: Any) -> None:
+        self._box: list[Any] = []
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Any) -> None:
+        try:
+            self._box.append(fn())
+        except BaseException as exc:
+            self._box.append(exc)
+
+    def join(self, timeout: float = 30.0) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"still running after {timeout} s"
+        return self._box[0]
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+
 async def until(predicate: Any, what: str, timeout: float = 20.0) -> None:
     """:func:`wait_for` on the event loop (which keeps running meanwhile)."""
     deadline = time.monotonic() + timeout
@@ -109,30 +134,14 @@ def test_an_append_in_flight_when_its_lock_is_lost_never_lands_behind_the_next_o
                 conn.exec_driver_sql(
                     f'SELECT 1 FROM "{schema}".sessionlog_sessions WHERE session_id = %s FOR UPDATE', ("s",)
                 )
-
-                def append_a() -> None:
-                    try:
-                        outcome["a"] = handle_a.append(note(2))
-                    except BaseException as exc:
-                        outcome["a"] = exc
-
-                def open_b() -> None:
-                    try:
-                        outcome["b"] = store_b.session("s", timeout=30)
-                    except BaseException as exc:
-                        outcome["b"] = exc
-
-                ta = threading.Thread(target=append_a)
-                ta.start()
+                append_a = Started(lambda: handle_a.append(note(2)))
                 wait_for(lambda: waiting_on_a_lock(app), "the append to wait for the row")
                 server("SELECT pg_terminate_backend(:p)", p=holder)
                 wait_for(lambda: not lock_holders(pg_url, "s"), "the server to release the lock")
-                tb = threading.Thread(target=open_b)
-                tb.start()
+                open_b = Started(lambda: store_b.session("s", timeout=30))
                 time.sleep(0.5)  # the new owner's open runs (or waits) while the append waits
                 conn.rollback()
-            ta.join(30)
-            tb.join(30)
+            outcome["a"], outcome["b"] = append_a.join(), open_b.join()
         finally:
             blocker.dispose()
         handle_b = outcome["b"]
@@ -437,30 +446,25 @@ def test_the_migration_sees_a_migration_that_committed_while_it_waited(pg_url: s
         f"UPDATE \"{schema}\".sessionlog_meta SET value = '1' WHERE key = 'schema_version'")
     url = pg_url + "&options=" + urllib.parse.quote(f"-cdefault_transaction_isolation={isolation.replace(' ', chr(92) + ' ')}")
     engine = sa.create_engine(sa.make_url(postgres_base_url()).set(drivername="postgresql+psycopg"))
-    outcome: dict[str, Any] = {}
     app = f"sl_mig_{secrets.token_hex(4)}"
 
-    def open_store() -> None:
-        try:
-            with sessionlog.open_store(f"{url}&application_name={app}") as s:
-                outcome["seq"] = s.append("s", [{"type": "note/x"}])
-        except BaseException as exc:
-            outcome["error"] = exc
+    def open_and_append() -> int:
+        with sessionlog.open_store(f"{url}&application_name={app}") as s:
+            return s.append("s", [{"type": "note/x"}])
 
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (sql_engines.SCHEMA_LOCK_KEY,))
-            opener = threading.Thread(target=open_store)
-            opener.start()
+            opener = Started(open_and_append)
             wait_for(lambda: waiting_on_a_lock(app), "the store to wait for the schema lock")
             conn.exec_driver_sql(f'ALTER TABLE "{schema}".sessionlog_sessions '
                                  "ADD COLUMN owner_epoch BIGINT NOT NULL DEFAULT 0")
             conn.exec_driver_sql(f"UPDATE \"{schema}\".sessionlog_meta SET value = '2' WHERE key = 'schema_version'")
             conn.commit()
-        opener.join(60)
+        outcome = opener.join(60)
     finally:
         engine.dispose()
-    assert outcome == {"seq": 2}, outcome
+    assert outcome == 2, outcome
 
 
 def test_an_sqlite_file_with_a_second_name_is_refused_for_writing(tmp_path: Path) -> None:
@@ -542,25 +546,15 @@ def test_a_lock_file_removed_while_its_taker_waits_is_not_taken(tmp_path: Path) 
     with sessionlog.open_store(url) as a, sessionlog.open_store(url) as b, sessionlog.open_store(url) as c:
         a.create("s")
         first = a.session("s")
-        outcome: dict[str, Any] = {}
-
-        def take() -> None:
-            try:
-                outcome["handle"] = b.session("s", timeout=5)
-            except BaseException as exc:
-                outcome["error"] = exc
-
-        taker = threading.Thread(target=take)
-        taker.start()
+        taker = Started(lambda: b.session("s", timeout=5))
         time.sleep(0.3)  # b has the old file open and waits for its lock
         _lock_file(url, "s").unlink()
         third = c.session("s")  # a new lock file, locked
         first.close()  # b now gets the lock on the removed file: it must not own the session
         time.sleep(0.5)
-        assert "handle" not in outcome, outcome
+        assert not taker.done
         third.close()  # the session is free: b takes the lock on the file the path names
-        taker.join(10)
-        handle = outcome["handle"]
+        handle = taker.join(10)
         assert handle.append(note(1)) == 2
         handle.close()
 
@@ -782,20 +776,8 @@ class _Disagrees(FileSystem):
 
 
 def test_taking_a_lock_whose_file_keeps_changing_ends_at_its_timeout(tmp_path: Path) -> None:
-    outcome: list[BaseException | None] = []
-
-    def take() -> None:
-        try:
-            FileLock(_Disagrees(), str(tmp_path / ".s.lock")).acquire(0.2)
-            outcome.append(None)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    taker = threading.Thread(target=take, daemon=True)  # a spinning acquire must not hang the suite
-    taker.start()
-    taker.join(10)
-    assert not taker.is_alive(), "acquire(0.2) was still looping after 10 s"
-    assert len(outcome) == 1 and isinstance(outcome[0], SessionLocked), outcome
+    taker = Started(lambda: FileLock(_Disagrees(), str(tmp_path / ".s.lock")).acquire(0.2))
+    assert isinstance(taker.join(10), SessionLocked)
 
 
 # --- fork ------------------------------------------------------------------------------------
@@ -874,3 +856,73 @@ def test_a_repair_that_lost_its_lock_after_its_scan_writes_nothing(tmp_path: Pat
         assert [r.type for r in other.read("s")][-1] == "tool/result"  # the turn is still the writer's
         assert handle.append([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"}]) == 7
         handle.close()
+
+
+# --- the fence is always released on the descriptor that holds it ---------------------------
+
+
+def test_a_rolled_back_append_releases_the_fence_before_a_forked_child_could_keep_it(tmp_path: Path) -> None:
+    """A forked child shares the log file's open file (and so any flock on it): a failed
+    append that closed its descriptor before unlocking left the fence held by the child,
+    and the next append of the session waited forever. The fence is released first."""
+    fs = _FailingSync()
+    with sessionlog.open_store(f"jsonl:{tmp_path / 'store'}", fs=fs) as store:
+        store.create("s")
+        handle = store.session("s")
+        handle.append(note(1))
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child only waits
+            time.sleep(30)
+            os._exit(0)
+        try:
+            fs.armed = True
+            with pytest.raises(AppendFailed):
+                handle.append(note(2))  # rolled back; the handle is closed for appends
+            handle.close()
+            again = Started(lambda: store.append("s", note(3)))
+            assert again.join(20) == 3  # not waiting on the child
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+
+
+class _SlowWrite(FileSystem):
+    """The I/O seam with every write taking ``delay`` seconds while armed."""
+
+    armed = False
+    delay = 1.0
+    writing = threading.Event()
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.armed:
+            self.writing.set()
+            time.sleep(self.delay)
+        return super().write(fd, data)
+
+
+def test_compaction_never_drops_an_append_that_was_writing_as_it_replaced_the_log(tmp_path: Path) -> None:
+    """A Zstd handle's append is writing (slowly) when its lock file is removed and another
+    store takes the session and compacts it. The append is acknowledged only if the
+    compacted log holds it: compaction replaces the log under the same fence as appends."""
+    fs = _SlowWrite()
+    url = f"zstd:{tmp_path / 'store'}"
+    with sessionlog.open_store(url, fs=fs) as store, sessionlog.open_store(url) as other:
+        store.create("s")
+        handle = store.session("s")
+        for i in range(5):
+            handle.append(note(i))
+        fs.armed = True
+        writing = Started(lambda: handle.append(note(99)))
+        assert fs.writing.wait(10)
+        _lock_file(url, "s").unlink()
+        try:
+            other.compact("s")
+        except sessionlog.SessionLogError:
+            pass  # refused: the log changed under it
+        acked = writing.join(30)
+        fs.armed = False
+        handle.close()
+        found = [r.get("i") for r in other.read("s")]
+        if isinstance(acked, int):
+            assert found[acked - 1] == 99, (acked, found)
+        assert found[1:6] == [0, 1, 2, 3, 4]
