@@ -12,6 +12,7 @@ server-side prepare) and one multi-row insert, never one statement per event.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import count, repeat
@@ -624,6 +626,7 @@ class PostgresKind(EngineKind):
         )
 
     def _on_connect(self, dbapi: Any, record: object) -> None:
+        _SERVER_CONNECTIONS.add(dbapi)
         if self.read_only:
             with dbapi.cursor() as cur:
                 cur.execute("SET default_transaction_read_only = on")
@@ -811,6 +814,40 @@ class PostgresKind(EngineKind):
         if row is None:
             raise SessionNotFound(f"{self.where}: no such session {session_id!r}")
         return int(row[0])
+
+
+_SERVER_CONNECTIONS: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Every PostgreSQL connection this process made (pooled ones and lock connections)."""
+
+
+def _detach_server_connections_in_child() -> None:
+    """After ``fork``, in the child: its copies of the parent's PostgreSQL sockets now
+    refer to /dev/null. A socket belongs to the open file, shared by both processes: were
+    the child to keep its copy, a parent killed later would stay connected for as long as
+    the child lives, and the server would keep its advisory locks (its sessions owned)
+    and any transaction it had open (the session rows it had locked). The child never
+    uses the parent's connections (its stores make new ones), and a connection object of
+    the parent that is collected in the child says goodbye to /dev/null, not to the
+    server on the parent's behalf."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:  # pragma: no cover - no /dev/null: leave the sockets be
+        return
+    try:
+        for conn in list(_SERVER_CONNECTIONS):
+            try:
+                fd = conn.pgconn.socket
+            except Exception:  # noqa: BLE001 - closed already: nothing is shared
+                continue
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
+    _SERVER_CONNECTIONS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_detach_server_connections_in_child)
 
 
 def _ended_while_idle(dbapi: Any, record: object, proxy: object) -> None:

@@ -783,9 +783,17 @@ def test_taking_a_lock_whose_file_keeps_changing_ends_at_its_timeout(tmp_path: P
 # --- fork ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["jsonl", "sqlite"])
-def test_a_forked_child_does_not_keep_its_dead_parents_sessions_owned(tmp_path: Path, backend: str) -> None:
-    url = f"jsonl:{tmp_path / 'store'}" if backend == "jsonl" else f"sqlite:///{tmp_path / 'store.db'}"
+@pytest.mark.parametrize("backend", ["jsonl", "sqlite", "postgresql"])
+def test_a_forked_child_does_not_keep_its_dead_parents_sessions_owned(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A child forked while its parent owns a session shares the parent's lock descriptor
+    (a flock's open file, PostgreSQL's lock-connection socket): killed later, the parent
+    must not leave the session owned for as long as the child lives."""
+    if backend == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"jsonl:{tmp_path / 'store'}" if backend == "jsonl" else f"sqlite:///{tmp_path / 'store.db'}"
     parent = subprocess.Popen([sys.executable, "-c", _FORKING_OWNER, url], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
@@ -793,7 +801,7 @@ def test_a_forked_child_does_not_keep_its_dead_parents_sessions_owned(tmp_path: 
         assert parent.stdout.readline().strip() == "child: StoreClosed"  # its copy of the handle is unusable
         parent.send_signal(signal.SIGKILL)
         parent.wait(30)
-        with sessionlog.open_store(url) as store:
+        with sessionlog.open_store(url, lock_timeout=10) as store:
             assert store.append("s", note(2)) == 3  # the child lives on; the session is free
     finally:
         os.kill(child, signal.SIGKILL)
