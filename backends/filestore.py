@@ -57,6 +57,8 @@ from sessionlog.durable import (
     publish_new,
     quarantine_name,
     sweep_temps,
+    track_log_fd,
+    untrack_log_fd,
 )
 from sessionlog.events import (
     LOG_TRUNCATED,
@@ -216,6 +218,7 @@ class FileSession:
             raise SessionNotFound(f"{self.path}: no such session") from None
         except OSError as exc:
             raise _io_error(exc, self.path, "open") from exc
+        track_log_fd(fd)
         try:
             st = fs.fstat(fd)
             self._file = (st.st_dev, st.st_ino)
@@ -241,9 +244,11 @@ class FileSession:
                     raise self._as_scanned(exc) from None
                 self._remember(st)
         except OSError as exc:
+            untrack_log_fd(fd)
             fs.close(fd)
             raise _io_error(exc, self.path, "reading the tail") from exc
         except BaseException:
+            untrack_log_fd(fd)
             fs.close(fd)
             raise
         self._fd = fd
@@ -274,6 +279,7 @@ class FileSession:
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            untrack_log_fd(fd)
             try:
                 self._fs.close(fd)
             except OSError:
@@ -307,10 +313,28 @@ class FileSession:
             except OSError as exc:
                 raise _io_error(exc, self.path, "stat") from exc
             if st.st_ino != self._ino or st.st_size != self._end:
-                # Another process, or compact, moved it: open what the path names now
-                # and validate its tail.
+                # Nobody writes to a session while this handle holds its lock. The file was
+                # replaced or changed all the same: by a copy of the same records (a compaction
+                # by hand), which is fine, or by a writer without the lock (this handle's lock
+                # file was removed, say), whose records this handle's owner never saw: then
+                # what it knows of the session is stale, and nothing is written.
+                known = (self._last_seq, self._last_ts)
                 self._close_fd()
                 self._open()
+                if (self._last_seq, self._last_ts) != known:
+                    lost = OwnershipLost(
+                        f"{self.path}: another writer wrote to the log while this handle owned the session (it "
+                        f"ended at seq {known[0]}, now at seq {self._last_seq}); nothing was written: close this "
+                        "handle, then open the session again"
+                    )
+                    try:
+                        self._lock.check()  # the likely cause, said as such
+                    except OwnershipLost as exc:
+                        lost = exc
+                    except AppendFailed:
+                        pass
+                    self._failed = str(lost)
+                    raise lost
             if expect_seq is not None and expect_seq != self._last_seq:
                 raise SequenceConflict(
                     f"{self.path}: expected last seq {expect_seq}, found {self._last_seq}",
@@ -598,7 +622,7 @@ class FileStore:
         # Repair and open under one hold of the lock: no other writer can get in between.
         lock = self.take_lock(session_id, timeout)
         try:
-            report = self._repair_locked(session_id, force=False)
+            report = self._repair_locked(session_id, force=False, lock=lock)
             if report.status == "refused":
                 raise CorruptLog(
                     f"{self.path_of(session_id)}: {report.reason}",
@@ -789,7 +813,7 @@ class FileStore:
             _refuse_unnameable(report, session_id, self.framing.suffix)
         lock = self.take_lock(session_id, 0.0)
         try:
-            return self._repair_locked(session_id, force=force, expire_approvals=expire_approvals)
+            return self._repair_locked(session_id, force=force, lock=lock, expire_approvals=expire_approvals)
         finally:
             lock.release()
 
@@ -864,7 +888,8 @@ class FileStore:
         return truncation_marker(offset=offset, dropped_bytes=size, reason=reason, quarantine=name, ts=ts,
                                  dropped_seqs=dropped)
 
-    def _repair_locked(self, session_id: str, *, force: bool, expire_approvals: bool = False) -> RepairReport:
+    def _repair_locked(self, session_id: str, *, force: bool, lock: FileLock,
+                       expire_approvals: bool = False) -> RepairReport:
         scan, _ = self._scan(session_id, owned=False)  # under the lock: nobody writes meanwhile
         report = self._repair_plan(scan, force=force, expire_approvals=expire_approvals)
         if report.status != "repaired":
@@ -882,6 +907,7 @@ class FileStore:
             # the file must be as the scan read it, or another writer wrote to it (its lock
             # file was removed, say) and nothing is cut or appended.
             with log_fence(fs, fd, path):  # released before the descriptor is closed
+                lock.check()  # the repair's lock file is still the one it locked
                 st = fs.fstat(fd)
                 scanned = damage.offset + damage.length if damage is not None else scan.stable_offset
                 if st.st_size != scanned:

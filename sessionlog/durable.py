@@ -528,6 +528,9 @@ def log_fence(fs: FileSystem, fd: int, path: str) -> Iterator[None]:
     caller must not close ``fd`` inside the block: the lock is released on ``fd`` itself,
     never through a descriptor number that may have been closed and reused since."""
     deadline = time.monotonic() + FENCE_WAIT
+    shared = fd not in _LOG_FDS
+    if shared:
+        track_log_fd(fd)  # a fork inside the fence must not leave the child holding it
     while True:
         try:
             fs.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -547,6 +550,23 @@ def log_fence(fs: FileSystem, fd: int, path: str) -> Iterator[None]:
     finally:
         with contextlib.suppress(OSError):
             fs.flock(fd, fcntl.LOCK_UN)
+        if shared:
+            untrack_log_fd(fd)
+
+
+_LOG_FDS: set[int] = set()
+"""Descriptors of log files this process has open for writing (which carry the fence)."""
+
+
+def track_log_fd(fd: int) -> None:
+    """``fd`` is a log file open for writing until :func:`untrack_log_fd`: a forked child
+    points its copy at /dev/null (see :func:`_forget_locks_in_child`)."""
+    _LOG_FDS.add(fd)
+
+
+def untrack_log_fd(fd: int) -> None:
+    """Before ``fd`` is closed."""
+    _LOG_FDS.discard(fd)
 
 
 _HELD_LOCKS: weakref.WeakSet[FileLock] = weakref.WeakSet()
@@ -565,6 +585,21 @@ def _forget_locks_in_child() -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
     _HELD_LOCKS.clear()
+    # The log files open for writing: a fence the parent takes on one later (and is killed
+    # holding) would live on in the child's copy of the open file. The child's copies
+    # become /dev/null (the numbers stay taken: its handles close them as their own).
+    if _LOG_FDS:
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:  # pragma: no cover - no /dev/null
+            return
+        try:
+            for fd in list(_LOG_FDS):
+                with contextlib.suppress(OSError):
+                    os.dup2(null, fd)
+        finally:
+            os.close(null)
+        _LOG_FDS.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -80,12 +80,12 @@ def restore(store: Any, session_id: str, *, dry_run: bool = False) -> RestoreRep
         return looked
     lock = store.take_lock(session_id, 0.0)
     try:
-        return _restore_locked(store, session_id, dry_run)
+        return _restore_locked(store, session_id, dry_run, lock)
     finally:
         lock.release()
 
 
-def _restore_locked(store: Any, sid: str, dry_run: bool) -> RestoreReport:
+def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> RestoreReport:
     path = store.path_of(sid)
     report = RestoreReport(sid, path, "nothing")
     marker = None
@@ -137,6 +137,8 @@ def _restore_locked(store: Any, sid: str, dry_run: bool) -> RestoreReport:
             # Fenced as an append is: no append lands in the old file after the check
             # publish_replace makes (it would be lost with the old file).
             with log_fence(fs, fd, path):
+                if lock is not None:
+                    lock.check()  # the restore's lock file is still the one it locked
                 publish_replace(fs, store.directory, os.path.basename(path),
                                 _content(fs, fd, offset, q_fd), expect=st)
         except FileExistsError:

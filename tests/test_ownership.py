@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from postgres import postgres_base_url, postgres_schema_url
 from sessionlog.backends import sql_engines
 from sessionlog.durable import FileLock, FileSystem
+from sessionlog.events import encode_record
 from test_sql_fleet import lock_holders, server
 
 import sessionlog
@@ -934,3 +935,92 @@ def test_compaction_never_drops_an_append_that_was_writing_as_it_replaced_the_lo
         if isinstance(acked, int):
             assert found[acked - 1] == 99, (acked, found)
         assert found[1:6] == [0, 1, 2, 3, 4]
+
+
+def test_a_repair_that_lost_its_lock_writes_nothing_even_before_the_new_owner_writes(tmp_path: Path) -> None:
+    """As above, but the writer that took the session has appended nothing yet when the
+    repair would write: the repair checks its own lock under the fence, and the writer's
+    next append finds the log as it opened it."""
+    fs = _BeforeWriteOpen()
+    url = f"jsonl:{tmp_path / 'store'}"
+    with sessionlog.open_store(url, fs=fs) as store, sessionlog.open_store(url) as other:
+        store.create("s", ASKED)
+        taken: list[Any] = []
+
+        def take_over() -> None:
+            _lock_file(url, "s").unlink()
+            taken.append(other.session("s"))
+
+        fs.hook = take_over
+        with pytest.raises(sessionlog.OwnershipLost, match="lock file was"):
+            store.repair("s")
+        handle = taken[0]
+        result = [{"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "ran"}]
+        assert handle.append(result) == 6
+        assert [r.type for r in other.read("s")][-2:] == ["tool/call", "tool/result"]
+        handle.close()
+
+
+def test_a_handle_never_writes_behind_records_it_did_not_write(tmp_path: Path) -> None:
+    """Another writer appended to the log while a handle held the session (without the
+    lock): the handle's next append must not adopt those records and write after them."""
+    url = f"jsonl:{tmp_path / 'store'}"
+    with sessionlog.open_store(url) as store:
+        store.create("s", ASKED)
+        with store.session("s") as handle:
+            path = tmp_path / "store" / "s.jsonl"
+            with open(path, "ab") as f:  # a writer that ignores the lock
+                f.write(encode_record({"type": "step/end", "turn": "t1", "step": 1, "status": "interrupted"}, 6, 1.0)
+                        + b"\n")
+            with pytest.raises(sessionlog.OwnershipLost, match="another writer wrote"):
+                handle.append(note(1))
+        # A copy of the same records renamed over the log (a compaction by hand) is not that.
+        with store.session("s") as handle:
+            copy = tmp_path / "store" / "copy"
+            copy.write_bytes(path.read_bytes())
+            os.rename(copy, path)
+            assert handle.append(note(2)) == 7
+
+
+def test_a_parent_killed_inside_the_fence_does_not_leave_it_to_its_forked_child(tmp_path: Path) -> None:
+    url = f"jsonl:{tmp_path / 'store'}"
+    parent = subprocess.Popen([sys.executable, "-c", _KILLED_IN_FENCE, url], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert parent.stdout.readline().strip() == "syncing"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        with sessionlog.open_store(url, lock_timeout=10) as store:
+            started = time.monotonic()
+            assert isinstance(store.append("s", note(3)), int)
+            assert time.monotonic() - started < 5  # not the fence's 10 s wait, then a failure
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+_KILLED_IN_FENCE = """
+import os, sys, time
+import sessionlog
+from sessionlog.durable import FileSystem
+
+class SlowSync(FileSystem):
+    armed = False
+    def fdatasync(self, fd):
+        if SlowSync.armed:
+            print("syncing", flush=True)
+            time.sleep(60)
+        return super().fdatasync(fd)
+
+store = sessionlog.open_store(sys.argv[1], fs=SlowSync())
+store.create("s")
+handle = store.session("s")
+handle.append([{"type": "note/x", "i": 1}])
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+SlowSync.armed = True
+handle.append([{"type": "note/x", "i": 2}])
+"""
