@@ -201,6 +201,7 @@ class FileSession:
         self._failed: str | None = None
         self._grown = False  # appended to since the tail was last remembered (see close)
         self._mutex = threading.Lock()
+        self._pid = os.getpid()
         self._lock = lock if lock is not None else store.take_lock(session_id, timeout)
         try:
             self._open()
@@ -411,7 +412,13 @@ class FileSession:
 
     def close(self) -> None:
         """Release the lock (after an append in flight on another thread has finished).
-        Closing never raises over an exception already in flight."""
+        Closing never raises over an exception already in flight. In a forked child, the
+        handle's descriptors are dropped without waiting: an append that was in flight in
+        the parent's thread at the fork holds the child's copy of the mutex forever."""
+        if os.getpid() != self._pid:
+            self._close_fd()
+            self._lock.release()
+            return
         with self._mutex:
             if self._grown and self._fd is not None and self._failed is None:
                 # The next open of the session in this process reuses this tail: only when
@@ -902,6 +909,7 @@ class FileStore:
             fd = fs.open(path, os.O_RDWR | os.O_APPEND | O_NOFOLLOW)
         except OSError as exc:
             raise _io_error(exc, path, "open") from exc
+        track_log_fd(fd)  # it will carry the fence: a child forked from now on must not keep it
         try:
             # Fenced as an append is (FileSession._write): holding the log file's own lock,
             # the file must be as the scan read it, or another writer wrote to it (its lock
@@ -943,6 +951,7 @@ class FileStore:
         except OSError as exc:
             raise IOFailure(f"{path}: repair failed: {exc.strerror or exc}") from exc
         finally:
+            untrack_log_fd(fd)
             fs.close(fd)
         return report
 

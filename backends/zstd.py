@@ -44,6 +44,8 @@ from sessionlog.durable import (
     fsync_dir,
     log_fence,
     temp_name,
+    track_log_fd,
+    untrack_log_fd,
     write_all,
 )
 from sessionlog.events import Record, RecordError
@@ -391,6 +393,7 @@ class ZstdStore(FileStore):
                         progress: Callable[[int], None] | None) -> CompactReport:
         fs, path = self.fs, report.path
         fd = self.open_read(session_id)
+        track_log_fd(fd)  # it will carry the fence: a child forked from now on must not keep it
         tmp = os.path.join(self.directory, temp_name(self.file_name(session_id)))
         tmp_fd: int | None = None
         renamed = False
@@ -451,6 +454,7 @@ class ZstdStore(FileStore):
         except OSError as exc:
             raise IOFailure(f"{path}: compact failed: {exc.strerror or exc}") from exc
         finally:
+            untrack_log_fd(fd)
             fs.close(fd)
             if tmp_fd is not None:
                 fs.close(tmp_fd)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .contract import IOFailure, SessionLocked, SessionLogError, read_prefix
-from .durable import O_NOFOLLOW, fsync_dir, log_fence, publish_replace
+from .durable import O_NOFOLLOW, fsync_dir, log_fence, publish_replace, track_log_fd, untrack_log_fd
 from .events import LOG_TRUNCATED
 
 CHUNK = 1 << 20
@@ -116,6 +116,7 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
     except OSError as exc:
         raise IOFailure(f"{report.quarantine}: cannot read the quarantine: {exc.strerror or exc}") from exc
     fd = store.open_read(sid)
+    track_log_fd(fd)  # it will carry the fence: a child forked from now on must not keep it
     try:
         st = fs.fstat(fd)
         q_size = fs.fstat(q_fd).st_size
@@ -149,6 +150,7 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
     except OSError as exc:
         raise IOFailure(f"{path}: restore failed: {exc.strerror or exc}") from exc
     finally:
+        untrack_log_fd(fd)
         fs.close(fd)
         fs.close(q_fd)
     store._tails.pop(sid, None)  # the remembered tail of this log is gone

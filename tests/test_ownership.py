@@ -1024,3 +1024,96 @@ print(pid, flush=True)
 SlowSync.armed = True
 handle.append([{"type": "note/x", "i": 2}])
 """
+
+
+class _ForkOnTempOpen(FileSystem):
+    """The I/O seam forking a long-lived child when a temp file is created (a compaction's,
+    after it opened the log), then making ``rename`` slow, so the parent can be killed
+    inside the compaction's fence."""
+
+    armed = False
+    child = 0
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        fd = super().open(path, flags, mode)
+        if self.armed and flags & os.O_EXCL and not self.child:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child only waits
+                time.sleep(60)
+                os._exit(0)
+            self.child = pid
+            print(pid, flush=True)
+        return fd
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.armed:
+            print("renaming", flush=True)
+            time.sleep(60)
+        super().rename(src, dst)
+
+
+def test_a_compaction_killed_in_its_fence_does_not_leave_it_to_a_child_forked_before(tmp_path: Path) -> None:
+    url = f"zstd:{tmp_path / 'store'}"
+    with sessionlog.open_store(url) as store:
+        store.create("s")
+        for i in range(3):
+            store.append("s", note(i))
+    parent = subprocess.Popen([sys.executable, "-c", _COMPACTING, url, str(Path(__file__).parent)],
+                              stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert parent.stdout.readline().strip() == "renaming"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        with sessionlog.open_store(url, lock_timeout=10) as store:
+            started = time.monotonic()
+            assert store.append("s", note(9)) == 5
+            assert time.monotonic() - started < 5
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+_COMPACTING = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import sessionlog
+from test_ownership import _ForkOnTempOpen
+fs = _ForkOnTempOpen()
+store = sessionlog.open_store(sys.argv[1], fs=fs)
+fs.armed = True
+store.compact("s", frame_bytes=1 << 20)
+"""
+
+
+def test_a_forked_child_closes_a_handle_whose_append_was_in_flight(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", _CLOSING_CHILD, f"jsonl:{tmp_path / 'store'}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["closed"], (out.stdout, out.stderr)
+
+
+_CLOSING_CHILD = """
+import os, sys, threading, time
+import sessionlog
+from sessionlog.durable import FileSystem
+
+class SlowSync(FileSystem):
+    armed = threading.Event()
+    def fdatasync(self, fd):
+        if SlowSync.armed.is_set():
+            time.sleep(2)
+        return super().fdatasync(fd)
+
+store = sessionlog.open_store(sys.argv[1], fs=SlowSync())
+store.create("s")
+handle = store.session("s")
+SlowSync.armed.set()
+threading.Thread(target=handle.append, args=([{"type": "note/x"}],)).start()
+time.sleep(0.5)  # the append holds the handle's mutex, syncing
+pid = os.fork()
+if pid == 0:
+    handle.close()  # must not wait for the parent's append, which the child never sees end
+    print("closed", flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+"""
