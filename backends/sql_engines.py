@@ -12,7 +12,6 @@ server-side prepare) and one multi-row insert, never one statement per event.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -43,7 +42,7 @@ from sessionlog.contract import (
     SessionNotFound,
     StoreClosed,
 )
-from sessionlog.durable import DIR_MODE, OS, FileLock, ensure_store_dir, lock_is_held
+from sessionlog.durable import DIR_MODE, OS, FileLock, ensure_store_dir, lock_is_held, point_at_devnull
 
 from .sql_schema import Schema
 
@@ -829,20 +828,13 @@ def _detach_server_connections_in_child() -> None:
     uses the parent's connections (its stores make new ones), and a connection object of
     the parent that is collected in the child says goodbye to /dev/null, not to the
     server on the parent's behalf."""
-    try:
-        null = os.open(os.devnull, os.O_RDWR)
-    except OSError:  # pragma: no cover - no /dev/null: leave the sockets be
-        return
-    try:
-        for conn in list(_SERVER_CONNECTIONS):
-            try:
-                fd = conn.pgconn.socket
-            except Exception:  # noqa: BLE001 - closed already: nothing is shared
-                continue
-            with contextlib.suppress(OSError):
-                os.dup2(null, fd)
-    finally:
-        os.close(null)
+    sockets = []
+    for conn in list(_SERVER_CONNECTIONS):
+        try:
+            sockets.append(conn.pgconn.socket)
+        except Exception:  # noqa: BLE001 - closed already: nothing is shared
+            continue
+    point_at_devnull(sockets)
     _SERVER_CONNECTIONS.clear()
 
 

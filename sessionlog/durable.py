@@ -588,18 +588,28 @@ def _forget_locks_in_child() -> None:
     # The log files open for writing: a fence the parent takes on one later (and is killed
     # holding) would live on in the child's copy of the open file. The child's copies
     # become /dev/null (the numbers stay taken: its handles close them as their own).
-    if _LOG_FDS:
-        try:
-            null = os.open(os.devnull, os.O_RDWR)
-        except OSError:  # pragma: no cover - no /dev/null
-            return
-        try:
-            for fd in list(_LOG_FDS):
-                with contextlib.suppress(OSError):
-                    os.dup2(null, fd)
-        finally:
-            os.close(null)
-        _LOG_FDS.clear()
+    point_at_devnull(list(_LOG_FDS))
+    _LOG_FDS.clear()
+
+
+def point_at_devnull(fds: Iterable[int]) -> None:
+    """In a forked child: make each of ``fds`` (its copies of the parent's open files)
+    refer to /dev/null instead. The child's reference to the parent's open file goes
+    (with whatever lock or connection rides on it), while the numbers stay taken, so
+    whatever still holds them in the child closes /dev/null, never a file opened later."""
+    fds = list(fds)
+    if not fds:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:  # pragma: no cover - no /dev/null: leave them be
+        return
+    try:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 if hasattr(os, "register_at_fork"):

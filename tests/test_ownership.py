@@ -795,15 +795,28 @@ def test_a_forked_child_does_not_keep_its_dead_parents_sessions_owned(
         url = request.getfixturevalue("pg_url")
     else:
         url = f"jsonl:{tmp_path / 'store'}" if backend == "jsonl" else f"sqlite:///{tmp_path / 'store.db'}"
-    parent = subprocess.Popen([sys.executable, "-c", _FORKING_OWNER, url], stdout=subprocess.PIPE, text=True)
+    # The child's copy of the handle is unusable; once the parent is killed, the session
+    # is free while the child lives on.
+    assert kill_parent_then_append(url, _FORKING_OWNER, [url], "child: StoreClosed") == 3
+
+
+def kill_parent_then_append(url: str, script: str, args: list[str], said: str) -> int:
+    """Run ``script``: a parent that forks a long-lived child, prints the child's pid, then
+    prints ``said`` where it is to die. SIGKILL the parent there, then append to session
+    "s" from here while the child lives: within 5 s (not after a 10 s wait for a fence or
+    a lock the child kept). Returns the seq."""
+    parent = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     try:
-        assert parent.stdout.readline().strip() == "child: StoreClosed"  # its copy of the handle is unusable
+        assert parent.stdout.readline().strip() == said
         parent.send_signal(signal.SIGKILL)
         parent.wait(30)
         with sessionlog.open_store(url, lock_timeout=10) as store:
-            assert store.append("s", note(2)) == 3  # the child lives on; the session is free
+            started = time.monotonic()
+            seq = store.append("s", note(9))
+            assert time.monotonic() - started < 5
+            return seq
     finally:
         os.kill(child, signal.SIGKILL)
 
@@ -841,28 +854,32 @@ class _BeforeWriteOpen(FileSystem):
         return super().open(path, flags, mode)
 
 
-def test_a_repair_that_lost_its_lock_after_its_scan_writes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("new_owner_wrote", [True, False])
+def test_a_repair_that_lost_its_lock_after_its_scan_writes_nothing(tmp_path: Path, new_owner_wrote: bool) -> None:
     """A repair scanned the session (an open turn); before it writes, its lock file is
-    removed and another writer takes the session and appends. The repair must not close
-    the turn that writer is running."""
+    removed and another writer takes the session (and appends, or not yet). The repair
+    must not close the turn that writer is running: it checks its own lock under the
+    fence, and the writer's appends find the log as it left it."""
     fs = _BeforeWriteOpen()
     url = f"jsonl:{tmp_path / 'store'}"
+    result = [{"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "ran"}]
     with sessionlog.open_store(url, fs=fs) as store, sessionlog.open_store(url) as other:
         store.create("s", ASKED)
         taken: list[Any] = []
 
         def take_over() -> None:
             _lock_file(url, "s").unlink()
-            handle = other.session("s")
-            handle.append([{"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "ran"}])
-            taken.append(handle)
+            taken.append(other.session("s"))
+            if new_owner_wrote:
+                taken[0].append(result)
 
         fs.hook = take_over
-        with pytest.raises(sessionlog.OwnershipLost):
+        with pytest.raises(sessionlog.OwnershipLost, match="lock file was|another writer"):
             store.repair("s")
-        assert taken, "the hook ran"
         handle = taken[0]
-        assert [r.type for r in other.read("s")][-1] == "tool/result"  # the turn is still the writer's
+        if not new_owner_wrote:
+            assert handle.append(result) == 6
+        assert [r.type for r in other.read("s")][-2:] == ["tool/call", "tool/result"]
         assert handle.append([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"}]) == 7
         handle.close()
 
@@ -937,30 +954,6 @@ def test_compaction_never_drops_an_append_that_was_writing_as_it_replaced_the_lo
         assert found[1:6] == [0, 1, 2, 3, 4]
 
 
-def test_a_repair_that_lost_its_lock_writes_nothing_even_before_the_new_owner_writes(tmp_path: Path) -> None:
-    """As above, but the writer that took the session has appended nothing yet when the
-    repair would write: the repair checks its own lock under the fence, and the writer's
-    next append finds the log as it opened it."""
-    fs = _BeforeWriteOpen()
-    url = f"jsonl:{tmp_path / 'store'}"
-    with sessionlog.open_store(url, fs=fs) as store, sessionlog.open_store(url) as other:
-        store.create("s", ASKED)
-        taken: list[Any] = []
-
-        def take_over() -> None:
-            _lock_file(url, "s").unlink()
-            taken.append(other.session("s"))
-
-        fs.hook = take_over
-        with pytest.raises(sessionlog.OwnershipLost, match="lock file was"):
-            store.repair("s")
-        handle = taken[0]
-        result = [{"type": "tool/result", "turn": "t1", "step": 1, "call_id": "c1", "output": "ran"}]
-        assert handle.append(result) == 6
-        assert [r.type for r in other.read("s")][-2:] == ["tool/call", "tool/result"]
-        handle.close()
-
-
 def test_a_handle_never_writes_behind_records_it_did_not_write(tmp_path: Path) -> None:
     """Another writer appended to the log while a handle held the session (without the
     lock): the handle's next append must not adopt those records and write after them."""
@@ -984,19 +977,7 @@ def test_a_handle_never_writes_behind_records_it_did_not_write(tmp_path: Path) -
 
 def test_a_parent_killed_inside_the_fence_does_not_leave_it_to_its_forked_child(tmp_path: Path) -> None:
     url = f"jsonl:{tmp_path / 'store'}"
-    parent = subprocess.Popen([sys.executable, "-c", _KILLED_IN_FENCE, url], stdout=subprocess.PIPE, text=True)
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    try:
-        assert parent.stdout.readline().strip() == "syncing"
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(30)
-        with sessionlog.open_store(url, lock_timeout=10) as store:
-            started = time.monotonic()
-            assert isinstance(store.append("s", note(3)), int)
-            assert time.monotonic() - started < 5  # not the fence's 10 s wait, then a failure
-    finally:
-        os.kill(child, signal.SIGKILL)
+    assert isinstance(kill_parent_then_append(url, _KILLED_IN_FENCE, [url], "syncing"), int)
 
 
 _KILLED_IN_FENCE = """
@@ -1058,20 +1039,7 @@ def test_a_compaction_killed_in_its_fence_does_not_leave_it_to_a_child_forked_be
         store.create("s")
         for i in range(3):
             store.append("s", note(i))
-    parent = subprocess.Popen([sys.executable, "-c", _COMPACTING, url, str(Path(__file__).parent)],
-                              stdout=subprocess.PIPE, text=True)
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    try:
-        assert parent.stdout.readline().strip() == "renaming"
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(30)
-        with sessionlog.open_store(url, lock_timeout=10) as store:
-            started = time.monotonic()
-            assert store.append("s", note(9)) == 5
-            assert time.monotonic() - started < 5
-    finally:
-        os.kill(child, signal.SIGKILL)
+    assert kill_parent_then_append(url, _COMPACTING, [url, str(Path(__file__).parent)], "renaming") == 5
 
 
 _COMPACTING = """
