@@ -377,11 +377,9 @@ class FileSession:
     def _fenced_checks(self) -> None:
         """Under the log's fence: the lock file is still the one this handle locked, and
         the path still names the open file, ending where this handle's appends left it."""
+        self._lock.check()
         try:
-            self._lock.check()
             named = self._fs.stat(self.path)
-        except OwnershipLost:
-            raise
         except FileNotFoundError:
             raise OwnershipLost(f"{self.path}: the log was removed while this handle owned the session; "
                                 "nothing was written") from None

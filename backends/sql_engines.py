@@ -111,6 +111,12 @@ class Ownership(Protocol):
         take the session in this process too before this owner's handle is closed)."""
         ...
 
+    def check(self) -> None:
+        """Before an append, holding the database's write lock: OwnershipLost when the lock
+        is known here to be gone (SQLite: its lock file was removed or replaced). PostgreSQL
+        checks on the server, in the append's own statements, instead."""
+        ...
+
     def creates_on_acquire(self) -> bool:
         """True when taking the lock would create something (SQLite's lock file, the
         first time); False when it leaves no trace (PostgreSQL's advisory lock)."""
@@ -382,7 +388,7 @@ class SqliteKind(EngineKind):
             # The flock cannot be lost while the handle's descriptor is open, but its file
             # can be removed (a cleaner of old files): then another process could take a
             # new one. Checked holding the database's write lock: no commit comes between.
-            owner.check()  # type: ignore[attr-defined]
+            owner.check()
             row = cur.execute(self.sql_tail, (session_id,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"{self.where}: session {session_id!r} was deleted")
@@ -414,7 +420,7 @@ class SqliteKind(EngineKind):
         try:
             for batch, owner in zip(batches, owners, strict=True):
                 try:
-                    owner.check()  # type: ignore[attr-defined]
+                    owner.check()
                 except OwnershipLost as exc:
                     raise blame(exc, batch.index) from None
             tails = self._group_tails(cur, batches)
@@ -1046,6 +1052,9 @@ class AdvisoryOwnership:
         token, self.token = self.token, None
         if token is not None:
             self.locks.forget(token)
+
+    def check(self) -> None:  # pragma: no cover - PostgreSQL appends check on the server
+        pass
 
     def creates_on_acquire(self) -> bool:
         return False

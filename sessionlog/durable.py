@@ -526,11 +526,10 @@ def log_fence(fs: FileSystem, fd: int, path: str) -> Iterator[None]:
     file takes it from its checks to its sync or rename), released before the block ends.
     Waits up to :data:`FENCE_WAIT` seconds, then AppendFailed (nothing was written). The
     caller must not close ``fd`` inside the block: the lock is released on ``fd`` itself,
-    never through a descriptor number that may have been closed and reused since."""
+    never through a descriptor number that may have been closed and reused since. The
+    caller tracks ``fd`` (:func:`track_log_fd`) from its open, so that a child forked
+    while it is open never keeps the fence."""
     deadline = time.monotonic() + FENCE_WAIT
-    shared = fd not in _LOG_FDS
-    if shared:
-        track_log_fd(fd)  # a fork inside the fence must not leave the child holding it
     while True:
         try:
             fs.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -550,8 +549,6 @@ def log_fence(fs: FileSystem, fd: int, path: str) -> Iterator[None]:
     finally:
         with contextlib.suppress(OSError):
             fs.flock(fd, fcntl.LOCK_UN)
-        if shared:
-            untrack_log_fd(fd)
 
 
 _LOG_FDS: set[int] = set()
