@@ -424,6 +424,10 @@ def pairs_every_call_once(fmt: foreign.ForeignFormat, data: bytes) -> None:
 
 def check_repair(fmt: foreign.ForeignFormat, data: bytes, *, force: bool = True) -> foreign.Examination:
     exam = foreign.examine(data, fmt, force=force)
+    if exam.plan.empty:
+        # Scan calls the file clean: what the tool sends from it passes the check show runs.
+        violation = check_pairing(fmt.native_items(exam.lines), fmt.native_view)
+        assert violation is None or "does not match" in violation.message, violation
     after = exam.repaired()
     untouched_lines_kept(data, after, exam)
     pairs_every_call_once(fmt, after)
@@ -962,3 +966,111 @@ def test_codex_every_call_has_json_arguments_in_every_view(kind):
     assert use["input"] == expected
     [native] = [i for i in fmt.native_items(lines) if i.get("call_id") == "c_1" and i["type"] == "function_call"]
     assert json.loads(native["arguments"]) == expected
+
+
+# --- Claude Code: results entries joined into one user message ------------------------------
+
+def _cc(n: int, parent: int | None, kind: str, content: list | str, *, mid: str = "msg_M") -> bytes:
+    """Entry ``n`` of a compact Claude Code transcript, chained to entry ``parent``."""
+    def uid(k: int) -> str:
+        return f"00000000-0000-4000-8000-0000000000{k:02d}"
+
+    if kind == "assistant":
+        message = {"id": mid, "type": "message", "role": "assistant", "model": "claude", "content": content}
+    else:
+        message = {"role": "user", "content": content}
+    obj = {"parentUuid": None if parent is None else uid(parent), "isSidechain": False, "type": kind}
+    if kind == "progress":
+        obj.update(toolUseID="toolu_B", data={"type": "bash_progress"})
+    else:
+        obj["message"] = message
+    obj.update(uuid=uid(n), sessionId="s", timestamp=f"2026-11-30T09:00:{n:02d}.000Z")
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _uses(*calls: str) -> list:
+    return [{"type": "tool_use", "id": c, "name": "Bash", "input": {"command": c}} for c in calls]
+
+
+def _tr(call: str) -> dict:
+    return {"type": "tool_result", "tool_use_id": call, "content": f"ran {call}"}
+
+
+def _text(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+INTERRUPTED_TEXT = "[Request interrupted by user for tool use]"
+# The results of one assistant message asking for toolu_A, toolu_B and toolu_C (entry 2),
+# as entries (number, parent, content), followed by a user prompt and an answer.
+RESULT_SHAPES = {
+    "text-then-a-later-entry": [(3, 2, [_tr("toolu_A"), _text(INTERRUPTED_TEXT)]), (4, 3, [_tr("toolu_B"), _tr("toolu_C")])],
+    "text-then-two-later-entries": [(3, 2, [_tr("toolu_A"), _text(INTERRUPTED_TEXT)]), (4, 3, [_tr("toolu_B")]),
+                                    (5, 4, [_tr("toolu_C")])],
+    "text-first-in-its-entry": [(3, 2, [_text("look"), _tr("toolu_A")]), (4, 3, [_tr("toolu_B"), _tr("toolu_C")])],
+    "text-first-in-the-only-entry": [(3, 2, [_text("look"), _tr("toolu_A"), _tr("toolu_B"), _tr("toolu_C")])],
+    "two-entries-with-text": [(3, 2, [_tr("toolu_A"), _text("one")]), (4, 3, [_tr("toolu_B"), _text("two")]),
+                              (5, 4, [_tr("toolu_C")])],
+    "text-then-a-sibling-entry": [(3, 2, [_tr("toolu_A"), _text(INTERRUPTED_TEXT)]), (4, 2, [_tr("toolu_B"), _tr("toolu_C")])],
+    "text-then-progress-then-results": [(3, 2, [_tr("toolu_A"), _text(INTERRUPTED_TEXT)]), (4, 3, "progress"),
+                                        (5, 4, [_tr("toolu_B"), _tr("toolu_C")])],
+    "text-then-a-later-entry-and-a-call-unanswered": [(3, 2, [_tr("toolu_A"), _text(INTERRUPTED_TEXT)]),
+                                                      (4, 3, [_tr("toolu_B")])],
+    "an-orphan-between-results": [(3, 2, [_tr("toolu_A")]), (4, 3, [_tr("toolu_Z")]),
+                                  (5, 4, [_tr("toolu_B"), _tr("toolu_C")])],
+    "a-duplicate-between-results": [(3, 2, [_tr("toolu_A")]), (4, 3, [_tr("toolu_A")]),
+                                    (5, 4, [_tr("toolu_B"), _tr("toolu_C")])],
+    "results-first-then-text": [(3, 2, [_tr("toolu_A")]), (4, 3, [_tr("toolu_B"), _tr("toolu_C"), _text("and this")])],
+}
+
+
+def results_shape(shape: list) -> bytes:
+    entries = [_cc(1, None, "user", "run three things"), _cc(2, 1, "assistant", _uses("toolu_A", "toolu_B", "toolu_C"))]
+    for n, parent, content in shape:
+        entries.append(_cc(n, parent, "progress", []) if content == "progress" else _cc(n, parent, "user", content))
+    last = max(n for n, _, _ in shape)
+    tail = max(n for n, _, content in shape if content != "progress")
+    entries.append(_cc(last + 1, tail, "user", "next"))
+    entries.append(_cc(last + 2, last + 1, "assistant", [_text("done")], mid="msg_N"))
+    return b"".join(entries)
+
+
+@pytest.mark.parametrize("name", sorted(RESULT_SHAPES))
+def test_claude_scan_repair_and_the_native_check_agree_on_results_split_over_entries(name):
+    """The results of one assistant message spread over several entries, some holding
+    text: what Claude Code joins into one user message (in tree order) passes the
+    pairing check exactly when scan calls the file clean; repair leaves every
+    tool_result first, every text block kept (once), and a file a second repair leaves
+    alone."""
+    fmt = foreign.get("claude-code")
+    data = results_shape(RESULT_SHAPES[name])
+    exam = foreign.examine(data, fmt)
+    as_is = check_pairing(fmt.native_items(exam.lines), "anthropic")
+    assert (as_is is None) == exam.plan.empty, (as_is, [f.detail for f in exam.findings])
+    after = check_repair(fmt, data, force=False).repaired()
+    items = fmt.native_items(split_lines(after))
+    assert check_pairing(items, "anthropic") is None
+    [results] = [m["content"] for m in items if m["role"] == "user" and m["content"][0].get("type") == "tool_result"]
+    kinds = [b["type"] for b in results]
+    assert kinds == sorted(kinds, key=lambda k: k != "tool_result")  # every tool_result first
+    texts = [b["text"] for b in results if b["type"] == "text"]
+    written = [b["text"] for _, _, content in RESULT_SHAPES[name] if content != "progress"
+               for b in content if b["type"] == "text"]
+    # The user prompt after the results joins the same user message, after them.
+    assert [t for t in texts if not t.startswith("[sessionlog repair:")] == written + ["next"]
+    for view in FORMATS:
+        assert check_pairing(project(fmt.events(split_lines(after)), view).items, view) is None
+
+
+def test_claude_results_with_text_answering_different_messages_are_clean():
+    """[tool_result, text] answering one assistant message and [tool_result] answering a
+    later one are two user messages: nothing to repair, and the check agrees."""
+    fmt = foreign.get("claude-code")
+    data = b"".join([
+        _cc(1, None, "user", "go"), _cc(2, 1, "assistant", _uses("toolu_A")),
+        _cc(3, 2, "user", [_tr("toolu_A"), _text("and also check this")]),
+        _cc(4, 3, "assistant", _uses("toolu_B"), mid="msg_N"), _cc(5, 4, "user", [_tr("toolu_B")]),
+    ])
+    exam = foreign.examine(data, fmt)
+    assert exam.plan.empty and exam.findings == []
+    assert check_pairing(fmt.native_items(exam.lines), "anthropic") is None

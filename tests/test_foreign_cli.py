@@ -464,11 +464,12 @@ def test_a_codex_tool_search_answer_on_disk_carries_its_code_and_shows_it(tmp_pa
     assert answer["content"].startswith("TOOL_NOT_STARTED: ")
 
 
-def test_claude_repair_leaves_results_before_text_and_show_check_judges_the_file_as_written(tmp_path):
+def test_claude_repair_leaves_results_before_text_and_scan_finds_results_after_text(tmp_path):
     """A results entry that ends in text ("[Request interrupted by user for tool use]"):
     repair chains the missing answers before it, and `show --check` passes; the same
     file with those answers chained after the text (as an earlier repair wrote them) is a
-    user message whose text precedes a tool_result: `show --check` exits 1."""
+    user message whose text precedes a tool_result: scan says so (exit 1), `show` notes
+    it and shows the view repair would leave, and repair chains the answers first."""
     with open(os.path.join(FIXTURES, "claude-code", "interrupted-parallel.jsonl"), "rb") as f:
         lines = f.read().splitlines(keepends=True)
     at = lines[8].index(b"]},")
@@ -486,4 +487,51 @@ def test_claude_repair_leaves_results_before_text_and_show_check_judges_the_file
     late = dict(answer, parentUuid=json.loads(lines[8])["uuid"])  # the answer after the text
     after_text = lines[:9] + [json.dumps(late, ensure_ascii=False).encode() + b"\n"] + lines[9:]
     path.write_bytes(b"".join(after_text))
-    assert run("show", str(path), "--format", "anthropic", "--check")[0] == 1
+    code, text = run("scan", str(path), "--json")
+    found = {f["kind"]: f for f in rows(text)[0]["findings"]}
+    assert code == 1 and found["result-after-text"]["call_id"] == "toolu_01Deploy"
+    assert run("show", str(path), "--format", "anthropic", "--check")[0] == 0
+    assert run("repair", str(path))[0] == 0
+    assert run("scan", str(path))[0] == 0 and run("show", str(path), "--format", "anthropic", "--check")[0] == 0
+    items = foreign.get("claude-code").native_items(foreign.examine(path.read_bytes(), foreign.get("claude-code")).lines)
+    user = next(m for m in items if m["role"] == "user" and m["content"][0].get("type") == "tool_result")
+    assert [b["type"] for b in user["content"]] == ["tool_result"] * 3 + ["text"]
+
+
+def test_claude_scan_and_show_check_agree_on_a_result_after_text(tmp_path, capsys):
+    """A user entry [tool_result, text] and, chained after it, a user entry [tool_result]
+    answering the same assistant message: Claude Code joins them into one user message
+    whose text comes before a tool_result. Scan used to call the file clean while `show
+    --check` rejected it; now scan finds it (exit 1), repair chains the results first,
+    and both then pass, in every view."""
+    def entry(n: int, parent: int | None, kind: str, content) -> str:
+        uid = "00000000-0000-4000-8000-0000000000{:02d}".format
+        message = {"role": kind, "content": content}
+        if kind == "assistant":
+            message = {"id": f"msg_{n}", "type": "message", **message, "model": "claude"}
+        return json.dumps({"parentUuid": uid(parent) if parent else None, "isSidechain": False, "type": kind,
+                           "message": message, "uuid": uid(n), "sessionId": "s",
+                           "timestamp": f"2026-11-30T09:00:{n:02d}.000Z"}, separators=(",", ":")) + "\n"
+
+    uses = [{"type": "tool_use", "id": c, "name": "Bash", "input": {"command": "ls"}} for c in ("toolu_A", "toolu_B")]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join([
+        entry(1, None, "user", "go"), entry(2, 1, "assistant", uses),
+        entry(3, 2, "user", [{"type": "tool_result", "tool_use_id": "toolu_A", "content": "a"},
+                             {"type": "text", "text": "[Request interrupted by user for tool use]"}]),
+        entry(4, 3, "user", [{"type": "tool_result", "tool_use_id": "toolu_B", "content": "b"}]),
+        entry(5, 4, "assistant", [{"type": "text", "text": "done"}]),
+    ]))
+    code, text = run("scan", str(path), "--json")
+    [row] = rows(text)
+    assert (code, row["status"]) == (1, "repairable")
+    [finding] = row["findings"]
+    assert (finding["kind"], finding["line"], finding["call_id"]) == ("result-after-text", 4, "toolu_B")
+    for view in ("anthropic", "openai", "responses"):
+        assert run("show", str(path), "--format", view, "--check")[0] == 0  # the view repair leaves
+    assert "as it is fails the anthropic pairing check" in capsys.readouterr().err
+    assert run("repair", str(path))[0] == 0
+    assert run("scan", str(path))[0] == 0
+    for view in ("anthropic", "openai", "responses"):
+        assert run("show", str(path), "--format", view, "--check")[0] == 0
+    assert "fails" not in capsys.readouterr().err

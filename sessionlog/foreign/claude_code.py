@@ -24,8 +24,11 @@ entry with text, such as ``[Request interrupted by user for tool use]``, comes a
 answer, since the API rejects a ``tool_result`` after text in a message), inserted right
 after that line; whatever was chained there before is re-parented to the new entry, so the
 resumed chain keeps the conversation that followed. Orphan results become text blocks
-(kept, not dropped). What the pairing check judges (:meth:`ClaudeCode.native_items`) is
-the conversation block for block as the entries hold it, never reordered.
+(kept, not dropped). Results entries whose joined message would hold a text block before a
+``tool_result`` are re-chained (or, failing that, their text blocks moved) so that every
+``tool_result`` comes first (:meth:`ClaudeCode._results_first`). What the pairing check
+judges (:meth:`ClaudeCode.native_items`) is the conversation block for block as the
+entries hold it, never reordered: scan calls a file clean only when it passes.
 
 Evidence that a call started (``TOOL_OUTCOME_UNKNOWN`` rather than ``TOOL_NOT_STARTED``): a
 record other than the asking entry and the results that names the ``tool_use`` id in
@@ -44,9 +47,9 @@ from typing import Any
 
 from . import Stamps, content_text, str_or_none
 from .answers import ORPHAN_NOTE, answer_code, answer_text, orphan_text, result_event
-from .lines import Line, decode_line, encode_entry, with_members
-from .plan import (BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, RELINKED, UNANSWERED_CALL, Analysis,
-                   Finding)
+from .lines import Line, decode_line, encode_entry, split_lines, with_members
+from .plan import (BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, RELINKED, RESULT_AFTER_TEXT,
+                   UNANSWERED_CALL, Analysis, Finding)
 
 CONVERSATION = frozenset({"user", "assistant"})
 ENTRIES = CONVERSATION | {"system", "progress", "attachment"}
@@ -357,6 +360,12 @@ class ClaudeCode:
     # --- scan and plan -------------------------------------------------------------------
 
     def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis:
+        analysis = self._analyze_links(lines, lost)
+        self._results_first(lines, analysis)
+        return analysis
+
+    def _analyze_links(self, lines: list[Line], lost: Sequence[Line]) -> Analysis:
+        """Every finding and edit but :meth:`_results_first`'s."""
         tree = _Tree(lines)
         named = _lost_links(tree, [*lines, *lost])
         links = self._relinks(tree, named)
@@ -560,6 +569,86 @@ class ClaudeCode:
                                              repairable=False))
         return analysis
 
+    def _results_first(self, lines: list[Line], analysis: Analysis) -> None:
+        """Add to ``analysis`` the edits that put every ``tool_result`` block of a results
+        message before its other blocks, judged on the conversation as the rest of the
+        plan leaves it, with the very turns :meth:`native_items` reads.
+
+        A results message joins the result entries answering one assistant message in
+        their tree order; a text block of one of them (Claude Code's ``[Request
+        interrupted by user for tool use]``, an orphan result kept as text) before a
+        ``tool_result`` of a later one is a user message the API rejects, as Claude Code
+        sends it when it does not move ``tool_result`` blocks first itself (its versions
+        that merge such entries as they are). Repair re-chains those entries: the ones
+        holding only ``tool_result`` blocks first, then those with other blocks, then
+        those with no ``tool_result`` left; what was chained below any of them goes below
+        the last. Contents stay as they are, unless two entries with other blocks both
+        hold a ``tool_result``, or an entry's own text comes before its ``tool_result``:
+        then the other blocks move, in order, after the last ``tool_result`` of the
+        message (into that entry). Where re-chaining would make a cycle, only that move
+        is done, in the order the entries are."""
+        plan = analysis.plan
+        if not analysis.orphans and not any(
+                line.obj is not None and _is_result_entry(line.obj)
+                and any(not _is_tool_result(b) for b in _blocks(line.obj)) for line in lines):
+            return  # only a block other than a tool_result can come before one
+        planned, origin = _as_planned(lines, plan)
+        laid_out: list[list[tuple[int, list[Any]]]] = []
+        self._turns(planned, as_written=True, laid_out=laid_out)
+        tree = _Tree(planned)
+        for message in laid_out:
+            late = _first_late_result(message)
+            if late is None:
+                continue
+            order = [r for r, _ in message]
+            held = dict(message)
+
+            def rank(r: int) -> int:
+                has_result = any(_is_tool_result(b) for b in held[r])
+                return 0 if all(_is_tool_result(b) for b in held[r]) else 1 if has_result else 2
+
+            anchor = tree.parent(order[0])  # what the first of them is chained to
+            chained = sorted(order, key=rank) if anchor is not None else order
+            changes: dict[int, dict[str, Any]] = {}
+            if chained != order and anchor is not None:
+                parents = {r: p for r, p in zip(chained, [anchor, *chained[:-1]], strict=True)}
+                for r in chained[:-1]:
+                    for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
+                        if kid not in held:
+                            parents[kid] = chained[-1]  # what followed the results follows them still
+                if _cyclic(tree, parents):
+                    chained = order  # only the contents change
+                else:
+                    for r, parent in parents.items():
+                        changes[r] = {"parentUuid": tree.obj(parent).get("uuid")}
+            for r, content in _results_first_contents(tree, chained, held).items():
+                changes.setdefault(r, {})["message"] = {**_message(tree.obj(r)), "content": content}
+            for r, change in changes.items():
+                line = planned[r]
+                if change.get("parentUuid", _MISSING) == tree.obj(r).get("parentUuid") and "message" not in change:
+                    continue
+                raw = (_reparented(line, change["parentUuid"]) if "message" not in change
+                       else with_members(line, change))
+                where = origin[r]
+                if where[0] < 0:  # an answer this plan inserts
+                    plan.insert_after[where[1]][where[2]] = raw
+                else:
+                    plan.replace[where[0]] = raw
+            entry, rid = late
+
+            def number(index: int) -> int:  # in the file as it is (an inserted answer: after its line)
+                at, after, _ = origin[index]
+                return lines[at].number if at >= 0 else lines[after].number + 1
+
+            asker = tree.owner(order[0])
+            analysis.findings.append(Finding(
+                RESULT_AFTER_TEXT, number(entry),
+                f"tool_result for {rid!r} comes after other content in the user message answering "
+                + (f"the assistant entry of line {number(asker)}" if asker is not None else "its assistant message")
+                + " (its results entries joined as Claude Code chains them), which the API rejects; repair "
+                "chains the results entries so that every tool_result comes first", call_id=rid))
+        analysis.findings.sort(key=lambda f: f.line)
+
     @staticmethod
     def _reattach_children_of_lost(tree: _Tree, line: Line, named: dict[str, str | None],
                                    new_parent: dict[int, str | None], analysis: Analysis) -> None:
@@ -610,8 +699,8 @@ class ClaudeCode:
             node = tree.parent(node)
         return chain[::-1]
 
-    def _turns(self, lines: list[Line], sources: list[int] | None = None, *,
-               as_written: bool = False) -> list[tuple[str, list[Any]]]:
+    def _turns(self, lines: list[Line], sources: list[int] | None = None, *, as_written: bool = False,
+               laid_out: list[list[tuple[int, list[Any]]]] | None = None) -> list[tuple[str, list[Any]]]:
         """The resumed conversation as (role, blocks) messages ("results" for the user
         message answering an assistant message): an assistant
         message per group with the results it owns (on the chain, in chain order, then off
@@ -620,7 +709,8 @@ class ClaudeCode:
         other blocks after them; ``as_written`` keeps every block where the entries put
         it, as the tool sends them (a text block before a later entry's ``tool_result``
         stays before it). ``sources``, when given, gets the index of the entry each
-        message starts with."""
+        message starts with; ``laid_out``, for each results message, its entries in the
+        order it holds them, each with the blocks of it the message holds."""
         tree = _Tree(lines)
         groups, _ = _groups(tree)
         group_of = {i: g for g in groups for i in g.entries}
@@ -636,6 +726,8 @@ class ClaudeCode:
                 return
             blocks: list[Any] = []
             ids: set[str] = set()
+            if laid_out is not None:
+                laid_out.append([])
             # The calls the message asks for: those of its entries on the chain (a branch
             # that leaves a response half-way, a rewind, resumes without the rest of it).
             asked = set(_uses_of_blocks(turns[-1][1]))
@@ -660,6 +752,8 @@ class ClaudeCode:
                 taken[r] = list(_blocks(tree.obj(r)))
             for r in (_tree_order(tree, list(taken)) if as_written else taken):
                 blocks.extend(taken[r])
+                if laid_out is not None:
+                    laid_out[-1].append((r, taken[r]))
             if not as_written:
                 order = {u: i for i, u in enumerate(current.uses)}
                 blocks.sort(key=lambda b: order.get(_result_id(b), len(order))
@@ -804,6 +898,80 @@ def _tree_order(tree: _Tree, results: list[int]) -> list[int]:
         stack.extend(reversed(below.get(r, [])))
     placed = set(order)
     return order + [r for r in results if r not in placed]  # below a cycle, defensively: as they came
+
+
+def _is_tool_result(block: Any) -> bool:
+    return isinstance(block, Mapping) and block.get("type") == "tool_result"
+
+
+def _first_late_result(message: list[tuple[int, list[Any]]]) -> tuple[int, str | None] | None:
+    """The entry holding the first ``tool_result`` block of a results message (its
+    entries with the blocks it holds of each, in order) that comes after another block,
+    and that block's id; None when every ``tool_result`` comes first."""
+    other = False
+    for r, blocks in message:
+        for block in blocks:
+            if not _is_tool_result(block):
+                other = True
+            elif other:
+                return r, str_or_none(block.get("tool_use_id"))
+    return None
+
+
+def _results_first_contents(tree: _Tree, entries: list[int], held: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """The new contents of results ``entries`` (chained in this order; ``held``: the
+    blocks of each the message holds) that make every ``tool_result`` of the message come
+    first: the other blocks of the entries up to the last one holding a ``tool_result``
+    move, in order, after that one's ``tool_result`` blocks. Only the entries whose
+    content changes."""
+    holding = [r for r in entries if any(_is_tool_result(b) for b in held[r])]
+    if not holding:
+        return {}
+    last = holding[-1]
+    moved: list[Any] = []
+    contents: dict[int, list[Any]] = {}
+    for r in entries[: entries.index(last) + 1]:
+        blocks = _blocks(tree.obj(r))
+        results = [b for b in blocks if _is_tool_result(b)]
+        moved += [b for b in blocks if not _is_tool_result(b)]
+        new = results + moved if r == last else results
+        if new != blocks:
+            contents[r] = new
+    return contents
+
+
+def _cyclic(tree: _Tree, parents: dict[int, int]) -> bool:
+    """True when giving the entries of ``parents`` those parents makes a cycle."""
+    for start in parents:
+        seen: set[int] = set()
+        cur: int | None = start
+        while cur is not None:
+            if cur in seen:
+                return True
+            seen.add(cur)
+            cur = parents[cur] if cur in parents else tree.parent(cur)
+    return False
+
+
+def _as_planned(lines: list[Line], plan: Any) -> tuple[list[Line], list[tuple[int, int, int]]]:
+    """The lines as ``plan`` (replacements and insertions only) leaves them, and where
+    each comes from: ``(index, -1, -1)`` for line ``index``, ``(-1, after, k)`` for the
+    ``k``-th line the plan inserts after line ``after``."""
+    if not plan.replace and not plan.insert_after:
+        return lines, [(line.index, -1, -1) for line in lines]
+    chunks: list[bytes] = []
+    origin: list[tuple[int, int, int]] = []
+    for line in lines:
+        chunks.append(plan.replace.get(line.index, line.raw))
+        origin.append((line.index, -1, -1))
+        for k, raw in enumerate(plan.insert_after.get(line.index, ())):
+            if chunks[-1] and not chunks[-1].endswith(b"\n"):
+                chunks[-1] += b"\n"
+            chunks.append(raw)
+            origin.append((-1, line.index, k))
+    planned = split_lines(b"".join(chunks))
+    assert len(planned) == len(origin)
+    return planned, origin
 
 
 def _ids_named(block: Any) -> Any:

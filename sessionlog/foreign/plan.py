@@ -24,6 +24,10 @@ REATTACHED = "reattached"
 BROKEN_CHAIN = "broken-chain"
 """A ``parentUuid`` naming no entry of the file (or none at all) off the conversation
 resume continues, or with no entry before it to link to: reported, not changed."""
+RESULT_AFTER_TEXT = "result-after-text"
+"""A ``tool_result`` after another block (text) in the user message answering an
+assistant message, as the tool joins its results entries: repair re-chains them so that
+every ``tool_result`` comes first (Claude Code)."""
 RELINKED = "relinked"
 """An entry of the resumed conversation whose parent is not in the file: repair links it
 to the entry written before it (Claude Code)."""
