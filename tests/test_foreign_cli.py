@@ -535,3 +535,97 @@ def test_claude_scan_and_show_check_agree_on_a_result_after_text(tmp_path, capsy
     for view in ("anthropic", "openai", "responses"):
         assert run("show", str(path), "--format", view, "--check")[0] == 0
     assert "fails" not in capsys.readouterr().err
+
+
+REPEATED_ORDINALS = {
+    # openai/codex #41566, #44609: a record after a token_count reuses its ordinal; the
+    # lines after it go on from there.
+    "a record reusing the ordinal before it": (
+        lambda lines: lines[:15] + [b'{"timestamp":"2026-11-30T10:00:15.900Z","ordinal":14,"type":"event_msg",'
+                                    b'"payload":{"type":"thread_settings_applied"}}\n'] + lines[15:],
+        16, 14, 15, "a different record: event_msg thread_settings_applied, where line 15 holds event_msg token_count"),
+    # openai/codex #41079: a run of lines written twice, calls and outputs included.
+    "a run of calls and outputs written twice": (
+        lambda lines: lines[:22] + lines[18:22] + lines[22:],
+        23, 18, 19, "a byte-for-byte copy of that line"),
+    # the calls written twice, their outputs once
+    "calls written twice before their outputs": (
+        lambda lines: lines[:20] + lines[18:20] + lines[20:],
+        21, 18, 19, "a byte-for-byte copy of that line"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPEATED_ORDINALS))
+def test_a_codex_rollout_whose_ordinals_repeat_is_reported_and_never_rewritten(tmp_path, case, capsys):
+    """Codex's writer can reuse an ordinal (after an unfinished turn), and its history
+    projection then stops for good at that line ("expected ordinal N, got M"). Scan says
+    so: the line, its offset, the ordinal and the line that had it first, and what the
+    repeat is (exit 3, needs-force); repair refuses, --force included (renumbering would
+    rewrite every line after it), and writes nothing; show gives the history with every
+    call answered exactly once (a repeated call or output is not paired twice) and notes
+    what it left out."""
+    make, line, ordinal, first, what = REPEATED_ORDINALS[case]
+    data = b"".join(make(ordinal_lines()))
+    path = tmp_path / ROLLOUT
+    path.write_bytes(data)
+    offset = sum(map(len, data.splitlines(keepends=True)[: line - 1]))
+    code, text = run("scan", str(path), "--json")
+    [row] = rows(text)
+    assert (code, row["status"]) == (3, "needs-force")
+    found = next(f for f in row["findings"] if f["kind"] == "duplicate-ordinal")
+    assert (found["line"], found["repairable"]) == (line, False)
+    assert found["detail"].startswith(f"ordinal {ordinal} at offset {offset} repeats line {first}'s ")
+    assert what in found["detail"] and "history projection stops reading here" in found["detail"]
+    assert f"from line {line} (offset {offset}) on" in row["reason"]
+    assert f"{ROLLOUT}:{line}: ordinal {ordinal} at offset {offset}" in run("scan", str(path))[1]
+    for force in ([], ["--force"]):
+        code, text = run("repair", str(path), "--json", *force)
+        assert (code, rows(text)[0]["status"]) == (3, "refused")
+    assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == [path.name]
+    capsys.readouterr()
+    code, shown = run("show", str(path), "--format", "responses", "--check")
+    assert code == 0
+    items = json.loads(shown)["input"]
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    outputs = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+    assert sorted(calls) == sorted(outputs) and len(set(calls)) == len(calls)
+    assert f"{path}:{line}: ordinal {ordinal}" in capsys.readouterr().err
+
+
+def test_a_codex_call_id_reused_by_another_call_is_reported_and_its_output_quarantined(tmp_path, capsys):
+    """A later call reusing a call_id with other arguments, and its own output: one call
+    has one output, so repair keeps the first pair and moves the second call and its
+    output to the quarantine file; scan and show say which line is which (a different
+    call, a different output), the quarantine holds their bytes, and no output is
+    paired with two calls."""
+    with open(os.path.join(CODEX, "healthy.jsonl"), "rb") as f:
+        data = f.read()
+
+    def line(payload: dict) -> bytes:
+        return json.dumps({"timestamp": "2026-11-30T10:01:00.000Z", "type": "response_item", "payload": payload},
+                          separators=(",", ":")).encode() + b"\n"
+
+    again = line({"type": "function_call", "name": "shell", "arguments": '{"command":["ruff","format"]}',
+                  "call_id": "call_C3ruff"})
+    output = line({"type": "function_call_output", "call_id": "call_C3ruff", "output": "2 files reformatted"})
+    data += line({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "formate"}]})
+    data += again + output
+    path = tmp_path / ROLLOUT
+    path.write_bytes(data)
+    code, text = run("scan", str(path), "--json")
+    found = {f["kind"]: f for f in rows(text)[0]["findings"]}
+    assert code == 1
+    assert found["duplicate-call"]["line"] == 26 and "reuses the call_id of another call (line 19" in \
+        found["duplicate-call"]["detail"]
+    assert found["duplicate-result"]["line"] == 27 and "different from its first" in found["duplicate-result"]["detail"]
+    capsys.readouterr()
+    code, shown = run("show", str(path), "--format", "responses", "--check")
+    err = capsys.readouterr().err
+    assert code == 0 and f"{path}:27: function_call_output" in err and "different from its first" in err
+    assert [i["output"] for i in json.loads(shown)["input"] if i.get("call_id") == "call_C3ruff"
+            and i["type"] == "function_call_output"] == ["All checks passed!"]
+    code, text = run("repair", str(path), "--json")
+    [row] = rows(text)
+    assert code == 0 and row["changed_lines"] == [26, 27]
+    with open(row["quarantine"], "rb") as f:
+        assert f.read() == again + output

@@ -111,11 +111,15 @@ class Examination:
         before the end; with ``--force``, an undecodable line before the end removed), or
         insert a line anywhere but at the very end.
         None when the repair only cuts what follows the last newline and appends, or the
-        file is not indexed so. Names the first line concerned and its offset."""
+        file is not indexed so. Names the first line concerned and its offset: also, whatever
+        the plan, the line the tool stops reading at (:attr:`Analysis.unreadable_from`)."""
         indexed = self.analysis.offsets_indexed
         if indexed is None:
             return None
         concerned = [self.damage.mid_log[0]] if self.damage.mid_log else []
+        stuck = self.analysis.unreadable_from
+        if stuck is not None:
+            concerned.append(self.lines[stuck.line - 1])
         # An answer before the last line, even one no reader has taken in yet (no newline),
         # would come before lines the tool numbered after it: it could not be numbered.
         concerned += [self.lines[i + 1] for i in self.plan.insert_after if i < len(self.lines) - 1]
@@ -127,6 +131,8 @@ class Examination:
         line = min(concerned, key=lambda found: found.index)
         if self.damage.mid_log and line is self.damage.mid_log[0]:
             why = f"line {line.number} does not decode and decodable lines follow it"
+        elif stuck is not None and line.number == stuck.line:
+            why = f"line {line.number}: {stuck.detail}"
         else:
             first = next((f for f in self.findings if f.repairable), None)
             why = f"line {first.line}: {first.detail}" if first is not None else "its last lines do not decode"

@@ -42,7 +42,8 @@ from typing import Any
 from . import Stamps, content_text, str_or_none
 from .answers import answer_code, answer_text, result_event
 from .lines import Line, encode_entry, with_members
-from .plan import DUPLICATE_CALL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT, UNANSWERED_CALL, Analysis, Finding
+from .plan import (DUPLICATE_CALL, DUPLICATE_ORDINAL, DUPLICATE_RESULT, MISPLACED_OUTPUT, ORPHAN_RESULT,
+                   UNANSWERED_CALL, Analysis, Finding)
 
 TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
 ANSWER = {
@@ -154,6 +155,7 @@ class Codex:
                 "its lines carry `ordinal`s, and Codex keeps byte offsets into such a rollout (its history "
                 "projection resumes reading at a stored offset and expects the next ordinal there; a fork "
                 "keeps the offset it branched off at)")
+            self._repeated_ordinals(lines, analysis)
         for line in lines:
             obj = line.obj
             if obj is not None and obj.get("type") == "session_meta":
@@ -167,7 +169,7 @@ class Codex:
         history_drops: dict[int, list[Mapping[str, Any]]] = {}  # compacted line -> its items to remove
         for epoch in _epochs(lines):
             calls: dict[str, tuple[int, Mapping[str, Any]]] = {}
-            answered: set[str] = set()
+            answered: dict[str, Mapping[str, Any]] = {}  # call id -> its output
             last_message = -1  # line of the latest message item in the stretch
             for index, item in epoch:
                 kind = _kind(item)
@@ -177,17 +179,26 @@ class Codex:
                 if kind in ANSWER and cid is not None:
                     if cid not in calls:
                         calls[cid] = (index, item)
-                    elif lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
+                        continue
+                    first = lines[calls[cid][0]].number
+                    what = (f"repeats the call of line {first}" if item == calls[cid][1] else
+                            f"reuses the call_id of another call (line {first}; its output, if any, answers that one)")
+                    if lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
                         plan.drop[index] = DUPLICATE_CALL
                         analysis.findings.append(Finding(
                             DUPLICATE_CALL, lines[index].number,
-                            f"{kind} {cid} repeats a call already made (line {lines[calls[cid][0]].number}); "
-                            "repair moves the line to the quarantine file", call_id=cid))
+                            f"{kind} {cid} {what}; repair moves the line to the quarantine file", call_id=cid))
+                    else:  # an item of the compacted history on line ``index``
+                        history_drops.setdefault(index, []).append(item)
+                        analysis.findings.append(Finding(
+                            DUPLICATE_CALL, lines[index].number,
+                            f"{kind} {cid} in the compacted history {what}; repair removes the item from that "
+                            "history (the backup keeps it)", call_id=cid))
                 elif kind in OUTPUTS:
                     cid = cid or ""
                     bad = ORPHAN_RESULT if cid not in calls else DUPLICATE_RESULT if cid in answered else None
                     if bad is None:
-                        answered.add(cid)
+                        answered[cid] = item
                         call_line = calls[cid][0]
                         if call_line < last_message and call_line < index and lines[index].obj is not None \
                                 and lines[index].obj.get("type") == "response_item":
@@ -199,23 +210,25 @@ class Codex:
                                 f"{kind} for {cid} comes after a message that follows its call (line "
                                 f"{lines[call_line].number}); repair moves the line, unchanged, before that "
                                 "message", call_id=cid))
-                    elif lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
+                        continue
+                    why = ("answers no call before it" if bad == ORPHAN_RESULT
+                           else "is a second output for its call, the same as its first" if item == answered[cid]
+                           else "is a second output for its call, different from its first (one call has one "
+                           "output: the first answers it)")
+                    if lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
                         plan.drop[index] = bad
                         analysis.orphans.append(cid)
                         analysis.findings.append(Finding(
                             bad, lines[index].number,
-                            f"{kind} for {cid!r} " + ("answers no call before it" if bad == ORPHAN_RESULT
-                                                      else "is a second output for its call")
-                            + "; repair moves the line to the quarantine file (Codex drops it too)",
-                            call_id=cid))
+                            f"{kind} for {cid!r} {why}; repair moves the line to the quarantine file (Codex drops "
+                            "it too)", call_id=cid))
                     else:  # an item of the compacted history on line ``index``
                         history_drops.setdefault(index, []).append(item)
                         analysis.orphans.append(cid)
                         analysis.findings.append(Finding(
                             bad, lines[index].number,
-                            f"{kind} for {cid!r} in the compacted history "
-                            + ("answers no call before it" if bad == ORPHAN_RESULT else "is a second output for its call")
-                            + "; repair removes the item from that history (the backup keeps it)", call_id=cid))
+                            f"{kind} for {cid!r} in the compacted history {why}; repair removes the item from that "
+                            "history (the backup keeps it)", call_id=cid))
             for cid, (index, item) in calls.items():
                 if cid in answered:
                     continue
@@ -243,6 +256,41 @@ class Codex:
             kept = [item for item in payload["replacement_history"] if not any(item is d for d in drops)]
             plan.replace[index] = with_members(lines[index], {"payload": {**payload, "replacement_history": kept}})
         return analysis
+
+    @staticmethod
+    def _repeated_ordinals(lines: list[Line], analysis: Analysis) -> None:
+        """Report every line whose ``ordinal`` an earlier line carries (Codex's writer reuses
+        one after an unfinished turn: openai/codex #41566, #44609, #41079): Codex's history
+        projection reads lines in order expecting each ordinal to follow the one before,
+        and stops for good at the first repeat ("expected ordinal N, got M"). Renumbering
+        would rewrite every line after it, which a file Codex keeps byte offsets into never
+        gets: the file is refused in place (:attr:`Analysis.unreadable_from`); the conversation
+        itself is read as it is (the lines are not dropped: nothing of them is lost)."""
+        seen: dict[int, Line] = {}
+        previous: int | None = None
+        for line in lines:
+            obj = line.obj
+            if obj is None or type(obj.get("ordinal")) is not int:
+                continue
+            ordinal = obj["ordinal"]
+            first = seen.setdefault(ordinal, line)
+            if first is not line:
+                assert first.obj is not None
+                same = ("a byte-for-byte copy of that line" if first.raw.rstrip(b"\n") == line.raw.rstrip(b"\n")
+                        else "the same record written again" if first.obj == obj
+                        else f"a different record: {_record(obj)}, where line {first.number} holds {_record(first.obj)}")
+                expected = previous + 1 if previous is not None else ordinal + 1
+                stops = (f"Codex's history projection stops reading here (it expects ordinal {expected}), so its "
+                         "thread history never shows what follows; only renumbering every line from here on would "
+                         "mend it" if analysis.unreadable_from is None
+                         else "Codex's history projection stopped at an earlier repeat")
+                finding = Finding(DUPLICATE_ORDINAL, line.number, f"ordinal {ordinal} at offset {line.offset} "
+                                  f"repeats line {first.number}'s (offset {first.offset}), {same}; {stops}",
+                                  repairable=False)
+                analysis.findings.append(finding)
+                if analysis.unreadable_from is None:
+                    analysis.unreadable_from = finding
+            previous = ordinal
 
     @staticmethod
     def _answer_point(lines: list[Line], index: int) -> int:
@@ -324,6 +372,13 @@ recovery ``code`` and ``text``: that item has no text member the model reads (``
 ``execution``, ``status``, ``tools``), so the answer says what it can there (``status``
 ``incomplete``, no tools) and keeps the code here. Codex ignores members it does not know
 when it reads the line, and sends the model only the item's own."""
+
+
+def _record(obj: Mapping[str, Any]) -> str:
+    """A rollout line in a few words: its type, its payload's type and ``call_id``."""
+    payload = _payload(obj)
+    words = [str(obj.get("type")), str_or_none(payload.get("type")), _call_id(payload)]
+    return " ".join(w for w in words if w)
 
 
 def _failed(item: Mapping[str, Any]) -> bool:

@@ -285,7 +285,7 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
         if not any(line.obj is not None for line in exam.lines):
             row.update(status="refused", reason=f"no line decodes as a {fmt.title}")
             return row, exits.ERROR
-        if exam.plan.empty and not exam.needs_force:
+        if exam.plan.empty and not exam.needs_force and exam.analysis.unreadable_from is None:
             return row, exits.OK
         busy = in_use(path, fmt)  # fresh, just before deciding to write
         if busy and not force:
@@ -382,8 +382,12 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
               f"without {'the undecodable lines' if exam.needs_force else 'its damaged last line'}", file=sys.stderr)
     as_is = check_pairing(fmt.native_items(exam.lines), fmt.native_view)
     if as_is is not None:
+        fixes = ("`sessionlog repair` fixes it" if exam.in_place_refusal is None
+                 else "`sessionlog repair` refuses to change it (see `sessionlog scan`)")
         print(f"note: {path} as it is fails the {fmt.native_view} pairing check ({as_is.message}); "
-              "`sessionlog repair` fixes it; this is the repaired view", file=sys.stderr)
+              f"{fixes}; this is the repaired view", file=sys.stderr)
+    for finding in exam.findings:  # what the view differs from the file by, and what it cannot mend
+        print(f"note: {path}:{finding.line}: {finding.detail}", file=sys.stderr)
     lines = exam.repaired_lines()
     events = fmt.events(lines)
     if view_format == "events":

@@ -24,6 +24,10 @@ REATTACHED = "reattached"
 BROKEN_CHAIN = "broken-chain"
 """A ``parentUuid`` naming no entry of the file (or none at all) off the conversation
 resume continues, or with no entry before it to link to: reported, not changed."""
+DUPLICATE_ORDINAL = "duplicate-ordinal"
+"""A Codex rollout line whose ``ordinal`` an earlier line already carries (Codex's writer
+reuses one after an unfinished turn): its history projection stops there. Reported, and
+the file refused in place (:attr:`Analysis.unreadable_from`)."""
 RESULT_AFTER_TEXT = "result-after-text"
 """A ``tool_result`` after another block (text) in the user message answering an
 assistant message, as the tool joins its results entries: repair re-chains them so that
@@ -184,3 +188,8 @@ class Analysis:
     """Why the durable prefix of the file must stay byte for byte where it is (the tool
     keeps byte offsets into it), when it must: a repair that would change or shift any of
     it is refused, ``--force`` included (:attr:`Examination.in_place_refusal`)."""
+    unreadable_from: Finding | None = None
+    """Where the tool stops reading the file whatever a repair that only appends does (a
+    Codex rollout whose ordinals repeat: renumbering would rewrite every line from there
+    on), with :attr:`offsets_indexed` set: the file is refused in place, ``--force``
+    included, naming that line."""
