@@ -36,8 +36,13 @@ when it arrives (``on_llm_end``), each call's ``tool/call`` is durable before it
 gets ``llm/request`` (the results it carries) and ``llm/response``, which is what
 :func:`sessionlog.pending_deliveries` reads. The response and output records are
 provisional: the turn's own ``add_items`` settles them (one ``agents/items`` record that
-replaces them, so nothing is doubled). After a crash the session's next open repairs the
-log once (sessionlog's repair: ``TOOL_OUTCOME_UNKNOWN`` for a call that started,
+replaces them, so nothing is doubled), and a tool hook for a call the log already holds
+(one that arrives after the ``add_items`` that saved the call, or twice) writes nothing.
+Only function and custom tools' outputs are recorded by ``on_tool_end``: the hooks of a
+computer, shell, local shell or apply-patch tool are not told which call they are for, so
+their outputs are written by the ``add_items`` alone, once. After a crash the session's
+next open repairs the log once (sessionlog's repair: ``TOOL_OUTCOME_UNKNOWN`` for a call
+that started, including such a tool that returned before the Runner saved the turn;
 ``TOOL_NOT_STARTED`` for one that did not) and ``get_items()`` returns every call with
 exactly one output after it.
 
@@ -528,9 +533,16 @@ class Conversation:
         return events
 
     def plan_tool_start(self, call_id: str, name: str, call_item: Any) -> list[dict[str, Any]]:
+        """Records for a function or custom tool about to run call ``call_id``: its
+        ``tool/call``; nothing for a call the log has started already, or holds outside the
+        open step: a hook that arrives after the Runner saved the call (its ``add_items``
+        closed the step), or twice, would otherwise record the call again as a step of its
+        own, and its output again with it (``on_tool_end`` answers that step)."""
         call = self._call({"call_id": call_id})
         events: list[dict[str, Any]] = []
         if call is None:
+            if self._holds_call(call_id):
+                return []
             # A call the hooks did not see the response of: record it as its own step.
             items = [call_item] if call_item is not None else [
                 {"type": "function_call", "call_id": call_id, "name": name, "arguments": "{}"}
@@ -546,6 +558,11 @@ class Conversation:
                                "call_id": call_id, "state": "approved"})
         events.append({"type": "tool/call", "turn": self.turn, "step": step, "call_id": call_id, "name": name})
         return events
+
+    def _holds_call(self, call_id: str) -> bool:
+        """The conversation holds a call ``call_id`` outside the open step (the latest
+        response's, or an earlier one's). Only asked for a call the open step lacks."""
+        return call_id in self.latest_calls or any(_call_id(i) == call_id and _is_call(i) for i in self.items)
 
     def plan_local_tool_start(self, call_type: str, executed: set[str] | None) -> list[dict[str, Any]]:
         """Records for a computer, shell, local shell or apply-patch tool about to run one of
