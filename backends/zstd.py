@@ -134,9 +134,9 @@ class ZstdFraming:
         """Validate the header frame and one append's reach before EOF; return the last
         record's ``(seq, ts)``.
 
-        One append's reach is the last ``batch_limit`` bytes: a NUL run there, followed by
-        frames, is ``zero-fill`` to a scan, which a plain repair truncates, so an append
-        must never land after one. From a frame start at or before the reach (the last
+        One append's reach is the last ``batch_limit`` bytes: damage there is found before
+        an append lands after it (a NUL run followed by frames is ``mid-log`` to a scan,
+        one with nothing after it ``zero-fill``). From a frame start at or before the reach (the last
         one there that verifies) to ``size``, frame headers are walked: whole frames, no
         NUL run or garbage, ending exactly at ``size``. Every data frame there is
         decompressed: each passes its checksum and holds whole records whose seqs run on

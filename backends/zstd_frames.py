@@ -736,7 +736,7 @@ class FrameScan:
             unit = unit[: tail.first_frame - offset]
         failure = {"seq": Failure.WRONG_SEQ, "torn": Failure.CUT_SHORT}.get(what, Failure.UNDECODABLE)
         nul = what != "seq" and power_loss_nuls(unit, offset, eof=offset + len(unit) >= tail.end)
-        self.damage = tail_damage(offset, nul, failure, reason, tail, self.limits, owned=self.owned)
+        self.damage = tail_damage(offset, nul, failure, reason, tail, self.limits, owned=self.owned, framed=True)
 
 
 _SEGMENT = Struct("<QQ")

@@ -335,17 +335,31 @@ class TailSummary(Protocol):
 
 
 def tail_damage(
-    offset: int, nul: bool, failure: Failure, reason: str, tail: TailSummary, limits: Limits, *, owned: bool
+    offset: int, nul: bool, failure: Failure, reason: str, tail: TailSummary, limits: Limits, *, owned: bool,
+    framed: bool = False,
 ) -> Damage:
     """The :class:`Damage` of a tail that starts at ``offset`` (whose damaged record or
     frame holds a power loss's NULs when ``nul``: see ``contract.power_loss_nuls``), for
-    every byte-level scanner: a NUL run is judged by one append's reach."""
-    within = tail.last_end - offset <= limits.batch_limit
+    every byte-level scanner: a NUL run is judged by one append's reach.
+
+    On JSONL an append is any number of lines, so records after the NULs that end within
+    the batch limit may be the same append's. On Zstd (``framed``) an append is one
+    frame: a verified frame after the damaged one is a later append, which began only
+    once the damaged frame's append was durable, so NULs followed by one are not what a
+    power loss leaves."""
+    if framed:
+        within = not tail.count
+    else:
+        within = tail.last_end - offset <= limits.batch_limit
     if nul:
         failure = Failure.NUL_RUN
-        reason = "NUL bytes in the last append's reach (a power loss inside it)" if within else (
-            f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
-        )
+        if within:
+            reason = "NUL bytes in the last append's reach (a power loss inside it)"
+        elif framed:
+            reason = (f"NUL bytes in a frame followed by verified frames of later appends (records "
+                      f"{tail.first_seq}..{tail.last_seq}): this frame was durable before them")
+        else:
+            reason = f"NUL bytes followed by records {tail.last_end - offset} bytes later, beyond one append"
     return Damage(
         kind=classify_damage(failure, records_after=tail.count, within_reach=within, owned=owned),
         offset=offset,

@@ -290,12 +290,15 @@ def test_nuls_at_the_end_are_zero_fill(log):
     assert scanner.stable_offset == len(log)
 
 
-def test_nuls_then_a_frame_within_one_append_is_zero_fill(log):
+def test_nuls_then_a_whole_frame_within_the_batch_limit_are_mid_log(log):
+    """Every write to a Zstd log is one frame, and the next one starts after its sync: a
+    verified frame after the NULs is a later append, so the NULs lie in acknowledged
+    history, however close to it (JSONL, whose appends have no boundaries, judges by
+    the batch limit instead)."""
     frames = split_frames(log)
     body = b"".join(frames[:-1])
-    # The last write's first pages never landed; its last frame did.
     kept, scanner = scan(body + b"\0" * 4096 + frames[-1])
-    assert scanner.damage.kind is DamageKind.ZERO_FILL
+    assert scanner.damage.kind is DamageKind.MID_LOG
     assert scanner.damage.records_after == 1
     assert kept == records_of(frames[:-1])
 
@@ -562,19 +565,23 @@ def test_seq_damage_beyond_one_appends_reach_is_left_to_scan(log, tmp_path):
     assert path.read_bytes() == after
 
 
-def test_append_after_a_zero_filled_hole_is_refused_until_repaired(log, tmp_path):
-    """A NUL hole then one whole frame within one append's reach is zero-fill, which a
-    plain repair truncates: an append acknowledged there would be cut by that repair."""
+def test_append_after_nuls_before_a_whole_frame_is_refused_and_needs_force(log, tmp_path):
+    """A NUL hole then one whole frame: the frame is a later append, so the hole lies in
+    acknowledged history (mid-log). An append is refused, naming it as scan does; a plain
+    repair changes nothing; a forced one cuts there (the frame is quarantined)."""
     frames = split_frames(log)
     body = b"".join(frames[:-1])
-    d, path = session_dir(tmp_path, body + b"\0" * 4096 + frames[-1])
+    image = body + b"\0" * 4096 + frames[-1]
+    d, path = session_dir(tmp_path, image)
     store = open_zstd(d)
-    assert store.scan("s").damage.kind is DamageKind.ZERO_FILL
+    assert store.scan("s").damage.kind is DamageKind.MID_LOG
     with pytest.raises(CorruptLog) as err:
         store.append("s", [{"type": "acknowledged?"}])
-    assert path.read_bytes() == body + b"\0" * 4096 + frames[-1]
-    assert err.value.kind == "zero-fill" and err.value.offset == len(body)
-    assert store.repair("s").status == "repaired"
+    assert path.read_bytes() == image
+    assert err.value.kind == "mid-log" and err.value.offset == len(body)
+    assert store.repair("s").status == "refused"
+    assert path.read_bytes() == image
+    assert store.repair("s", force=True).status == "repaired"
     seq = store.append("s", [{"type": "after-repair"}])
     assert store.repair("s").status == "clean"
     assert [r.seq for r in store.read("s")][-1] == seq
