@@ -157,10 +157,34 @@ _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # --- scanning rows (pure) ----------------------------------------------------------------
 
 
-def decode_row(raw: bytes) -> Record:
-    """A stored row's bytes as a record, by the same rules as one line of a JSONL log: it
-    must decode (docs/format.md) and hold no newline byte (a bare CR is JSON
-    whitespace inside a line, as it is in a JSONL file). Raises RecordError."""
+def row_bytes(stored: object) -> bytes:
+    """A row's record column as bytes. SQLite keeps any value in any column, and a
+    database edited by hand may hold a record as TEXT (or a number) where the engine wrote
+    a BLOB: such a row does not hold the bytes the engine committed, and nothing guesses
+    what they were (RecordError, which scans report as damage at that row)."""
+    if type(stored) is bytes:
+        return stored
+    if isinstance(stored, (bytearray, memoryview)):
+        return bytes(stored)
+    kind = {str: "TEXT", int: "INTEGER", float: "REAL", type(None): "NULL"}.get(type(stored), type(stored).__name__)
+    raise RecordError(f"the record column holds {kind}, not a BLOB")
+
+
+def stored_bytes(stored: object) -> bytes:
+    """A row's record column as the bytes it holds, whatever its SQL type: a BLOB's
+    bytes; TEXT's as SQLite keeps them (UTF-8, any other byte given back as it was); a
+    number's text; nothing for NULL. What a quarantine keeps and a tail's length counts."""
+    if isinstance(stored, (bytes, bytearray, memoryview)):
+        return bytes(stored)
+    return b"" if stored is None else str(stored).encode("utf-8", "surrogateescape")
+
+
+def decode_row(stored: object) -> Record:
+    """A stored row's record as a record, by the same rules as one line of a JSONL log: it
+    must be bytes (see :func:`row_bytes`), decode (docs/format.md) and hold no newline
+    byte (a bare CR is JSON whitespace inside a line, as it is in a JSONL file). Raises
+    RecordError."""
+    raw = row_bytes(stored)
     if b"\n" in raw:
         raise RecordError("spans lines (holds a newline byte)")
     return Record.from_line(raw)
@@ -178,14 +202,14 @@ class _Tail:
 class RowScan:
     """The longest valid prefix of a session's rows, then the damage after it.
 
-    Pure: ``rows`` yields ``(seq column, record bytes)`` in seq order. Iterate for the
+    Pure: ``rows`` yields ``(seq column, record column)`` in seq order. Iterate for the
     prefix's records; afterwards ``count``, ``last_seq``, ``last_ts`` and ``damage``
     describe it and ``rows``/``max_seq`` count every row seen. A first row that is not
     this session's header is CorruptLog (or UnsupportedFormat); a row over the record
     limit in the prefix is CorruptLog."""
 
     def __init__(
-        self, rows: Iterable[tuple[int, bytes]], *, session_id: str, where: str, limits: Limits = DEFAULT_LIMITS
+        self, rows: Iterable[tuple[int, object]], *, session_id: str, where: str, limits: Limits = DEFAULT_LIMITS
     ) -> None:
         self._rows = rows
         self.session_id = session_id
@@ -202,11 +226,14 @@ class RowScan:
         limit = self.limits.record_limit
         expected = 1
         it = iter(self._rows)
-        for seq_col, raw in it:
-            if not isinstance(raw, bytes):
-                raw = bytes(raw)
+        for seq_col, stored in it:
             self.rows += 1
             self.max_seq = seq_col
+            try:
+                raw = row_bytes(stored)
+            except RecordError as exc:
+                self._fail(it, len(stored_bytes(stored)), None, f"row seq {seq_col} does not decode: {exc.reason}")
+                return
             if len(raw) > limit:
                 raise CorruptLog(
                     f"{self.where}: the record in row seq {seq_col} is {len(raw)} bytes, over the record "
@@ -216,14 +243,14 @@ class RowScan:
             try:
                 record = decode_row(raw)
             except RecordError as exc:
-                self._fail(it, raw, None, f"row seq {seq_col} does not decode: {exc.reason}")
+                self._fail(it, len(raw), None, f"row seq {seq_col} does not decode: {exc.reason}")
                 return
             if record.seq != expected or seq_col != expected:
                 if seq_col != record.seq:
                     reason = f"row seq {seq_col} holds a record with seq {record.seq}"
                 else:
                     reason = f"seq {record.seq} where {expected} was expected"
-                self._fail(it, raw, record, reason)
+                self._fail(it, len(raw), record, reason)
                 return
             if expected == 1:
                 check_header(record, self.session_id, self.where)
@@ -233,23 +260,25 @@ class RowScan:
             self.last_ts = record.ts
             yield record
 
-    def _fail(self, it: Iterator[tuple[int, bytes]], raw: bytes, first: Record | None, reason: str) -> None:
+    def _fail(self, it: Iterator[tuple[int, object]], length: int, first: Record | None, reason: str) -> None:
+        """The damage at the current row (``length``: its size; ``first``: its record when
+        it decoded with the wrong seq): every row after it is walked and counted."""
         if self.count == 0:
             raise CorruptLog(
                 f"{self.where}: not a session log: its first row is not a session/start header ({reason})",
                 path=self.where, offset=0,
             )
-        length = len(raw)
         decoded = [first.seq] if first is not None else []
         limit = self.limits.record_limit
         for seq_col, rest in it:
             self.rows += 1
             self.max_seq = seq_col
-            length += len(rest)
-            if len(rest) > limit:
+            size = len(stored_bytes(rest))
+            length += size
+            if size > limit:
                 continue
             try:
-                decoded.append(decode_row(rest if isinstance(rest, bytes) else bytes(rest)).seq)
+                decoded.append(decode_row(rest).seq)
             except RecordError:
                 pass
         kind = classify_damage(
@@ -876,9 +905,9 @@ class SqlStore:
             rows = conn.execute(sa.select(sa.func.count()).where(t.c.session_id == session_id)).scalar()
         if header is not None and tail is not None:
             try:
-                first = decode_row(bytes(header))
+                first = decode_row(header)
                 check_header(first, session_id, where)
-                last = decode_row(bytes(tail[1]))
+                last = decode_row(tail[1])
             except RecordError:
                 pass
             else:
@@ -1016,7 +1045,7 @@ class SqlStore:
                 intact = False
                 if raw is not None:
                     try:
-                        intact = decode_row(bytes(raw)).seq == after_seq
+                        intact = decode_row(raw).seq == after_seq
                     except RecordError:
                         intact = False
                 if not intact:
@@ -1041,8 +1070,7 @@ class SqlStore:
                         raise SessionNotFound(f"{where}: no such session")
                     raise CorruptLog(f"{where}: not a session log: it has no rows", path=where, offset=0)
                 for seq_col, raw in chunk:
-                    raw = bytes(raw)
-                    if len(raw) > limit:
+                    if len(stored_bytes(raw)) > limit:
                         raise CorruptLog(
                             f"{where}: the record in row seq {seq_col} is over the record limit of {limit} bytes",
                             path=where, offset=expected - 1,
@@ -1208,7 +1236,8 @@ class SqlStore:
         if name is not None:
             stmt = stmt.where(q.c.name == name)
         with self._errors("reading the quarantine"), self._connect() as conn:
-            return [(n, int(s), bytes(r)) for n, s, r in conn.execute(stmt.order_by(q.c.moved_at, q.c.name, q.c.seq))]
+            return [(n, int(s), stored_bytes(r))
+                    for n, s, r in conn.execute(stmt.order_by(q.c.moved_at, q.c.name, q.c.seq))]
 
     # -- lifetime -------------------------------------------------------------------------
 

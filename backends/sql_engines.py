@@ -244,6 +244,11 @@ stay under SQLite's historical limit of 999 variables)."""
 _SYNC_LEVELS = {"0": 0, "OFF": 0, "1": 1, "NORMAL": 1, "2": 2, "FULL": 2, "3": 3, "EXTRA": 3}
 
 
+def _lenient_text(data: bytes) -> str:
+    """SQLite TEXT as a str: UTF-8, with any byte that is not kept as a lone surrogate."""
+    return data.decode("utf-8", "surrogateescape")
+
+
 class SqliteKind(EngineKind):
     """SQLite: WAL, ``synchronous=FULL`` and a busy timeout on every connection; writes in
     ``BEGIN IMMEDIATE``; ownership is the ``flock`` protocol on a lock file per session in
@@ -329,6 +334,9 @@ class SqliteKind(EngineKind):
         # The driver's implicit transactions are off: every transaction is an explicit
         # BEGIN (reads) or BEGIN IMMEDIATE (writes), so a write never upgrades a read lock.
         dbapi.isolation_level = None
+        # TEXT that is not UTF-8 (a record column edited by hand) reads as a str the scan
+        # reports as damage at its row, not as a driver error that stops every reader.
+        dbapi.text_factory = _lenient_text
         dbapi.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         if self.read_only:
             # Connection-level only: the database file is not touched.

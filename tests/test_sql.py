@@ -14,6 +14,8 @@ import os
 import secrets
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -562,6 +564,48 @@ def test_garbage_row_before_good_rows_is_mid_log(store: SqlStore, sql_url: str) 
     with pytest.raises(SequenceConflict):
         list(store.read("s1", after_seq=8))
     assert store.append("s1", plain(1)) == 6
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ("CAST(record AS TEXT)", "TEXT"),  # the same JSON, as TEXT: not the bytes the engine committed
+        ("CAST(x'ff7b7d' AS TEXT)", "TEXT"),  # TEXT that is not UTF-8: the driver cannot decode it as a str
+        ("42", "INTEGER"),
+        ("4.5", "REAL"),
+    ],
+)
+def test_a_row_whose_record_is_not_a_blob_is_damage_at_that_row(tmp_path: Path, value: str, kind: str) -> None:
+    """SQLite keeps any value in any column: a record column edited by hand to TEXT or a
+    number is damage named by its row, for scan, read, repair and the command line,
+    never a TypeError or a driver error; a forced repair quarantines what it held."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = sessionlog.open_store(url)
+    _session_with(store, 6)  # seq 1..8
+    db(url, f"UPDATE sessionlog_records SET record = {value} WHERE session_id = 's1' AND seq = 4")
+    held = sqlite3.connect(tmp_path / "store.db").execute(
+        "SELECT CAST(record AS BLOB) FROM sessionlog_records WHERE seq = 4").fetchone()[0]
+    scan = store.scan("s1")
+    assert scan.damage is not None and scan.damage.kind is DamageKind.MID_LOG
+    assert (scan.damage.offset, scan.damage.records_after, scan.damage.dropped_seqs) == (3, 4, (5, 8))
+    assert f"row seq 4 does not decode: the record column holds {kind}, not a BLOB" == scan.damage.reason
+    with pytest.raises(CorruptLog) as raised:
+        list(store.read("s1"))
+    assert raised.value.kind == "mid-log"
+    assert [r.seq for r in read_prefix(store, "s1")] == [1, 2, 3]
+    scanned = subprocess.run([sys.executable, "-m", "sessionlog", "scan", url], capture_output=True, text=True)
+    assert scanned.returncode == 3 and "Traceback" not in scanned.stderr
+    shown = subprocess.run([sys.executable, "-m", "sessionlog", "show", url], capture_output=True, text=True)
+    assert shown.returncode == 0 and "mid-log" in shown.stderr and "Traceback" not in shown.stderr
+    assert store.repair("s1").status == "refused"
+    report = store.repair("s1", force=True)
+    assert report.status == "repaired"
+    assert [(s, r) for _, s, r in store.quarantined("s1")][0] == (4, held)
+    assert store.scan("s1").status is Status.CLEAN
+    db(url, f"UPDATE sessionlog_records SET record = {value} WHERE session_id = 's1' AND seq = 5")  # the last row
+    with pytest.raises(CorruptLog) as refused:
+        store.append("s1", plain(1))
+    assert refused.value.kind == "corrupt" and kind in str(refused.value)
 
 
 def test_garbage_last_rows_are_corrupt_and_repair_without_force(store: SqlStore, sql_url: str) -> None:
