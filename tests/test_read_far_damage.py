@@ -75,6 +75,7 @@ def test_a_torn_tail_still_reads_as_its_prefix(tmp_path: Path, backend: str) -> 
 
 
 def test_agents_session_raises_instead_of_serving_part_of_the_history(tmp_path: Path) -> None:
+    pytest.importorskip("agents")  # the [agents] extra; the README's test command installs [test] only
     from sessionlog.integrations.openai_agents import SessionLogSession
 
     async def run() -> None:

@@ -399,8 +399,12 @@ def test_flush_is_a_barrier_on_what_was_accepted_before_it_however_busy(tmp_path
                     await asyncio.sleep(0)
 
             chatter = [asyncio.create_task(busy(k)) for k in range(4)]
-            await asyncio.sleep(0.05)
-            assert outstanding[0] > 1024  # more than a batch waits behind the write in flight
+            # More than a batch waits behind the write in flight (waited for, not slept
+            # for: a loaded machine submits fewer in a given time).
+            deadline = asyncio.get_running_loop().time() + 30
+            while outstanding[0] <= 1024:
+                assert asyncio.get_running_loop().time() < deadline, outstanding[0]
+                await asyncio.sleep(0.005)
             marker = w.submit("s1", [{"type": "marker"}])
             await asyncio.wait_for(w.flush("s1"), 30)  # returns although the queue never empties
             assert outstanding[0] > 0
