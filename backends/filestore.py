@@ -640,8 +640,21 @@ class FileStore:
             lock.release()
             raise
 
-    def take_lock(self, session_id: str, timeout: float) -> FileLock:
-        """Own the session's lock file (SessionLocked if another writer holds it)."""
+    def take_lock(self, session_id: str, timeout: float, *, missing_ok: bool = False) -> FileLock:
+        """Own the session's lock file (SessionLocked if another writer holds it).
+
+        A session whose log does not exist is SessionNotFound before its lock file is
+        made: lock files are never removed (see :class:`FileLock`), so one made for a
+        misspelled id would stay. ``missing_ok``: the log may be gone (a delete finishing
+        what a killed one left)."""
+        if not missing_ok:
+            path = self.path_of(session_id)
+            try:
+                self.fs.stat(path)
+            except FileNotFoundError:
+                raise SessionNotFound(f"{path}: no such session") from None
+            except OSError as exc:
+                raise _io_error(exc, path, "stat") from exc
         lock = FileLock(self.fs, self.lock_path_of(session_id))
         try:
             lock.acquire(timeout)
@@ -956,8 +969,8 @@ class FileStore:
     def delete(self, session_id: str) -> None:
         """Remove the session and its quarantine files durably (SessionLocked if owned)."""
         self.check_id(session_id)
-        lock = self.take_lock(session_id, self.lock_timeout)
         path = self.path_of(session_id)
+        lock = self.take_lock(session_id, self.lock_timeout, missing_ok=bool(self.quarantines(session_id)))
         self._tails.pop(session_id, None)
         try:
             # The quarantines first, the log last: a delete killed halfway leaves the

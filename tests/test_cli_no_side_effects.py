@@ -16,6 +16,7 @@ import pytest
 import sessionlog
 from sessionlog.cli import main
 from sessionlog.contract import IOFailure
+from sessionlog.restore import restore
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -265,3 +266,24 @@ def test_a_reading_command_never_checkpoints_another_writers_frames_into_the_dat
     assert db.read_bytes() == before
     with sessionlog.open_store(url) as store:
         assert store.scan("s").last_seq == 2  # the append is in the WAL, durable
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "zstd"])
+def test_a_call_on_a_session_that_does_not_exist_creates_no_lock_file(tmp_path: Path, backend: str) -> None:
+    """A misspelled id is SessionNotFound from every call that would own the session, and
+    leaves no lock file behind (lock files are never removed, so one made would stay)."""
+    store = sessionlog.open_store(f"{backend}:{tmp_path}")
+    store.create("s1")
+    before = tree(tmp_path)
+    calls = {
+        "append": lambda: store.append("typo", [{"type": "x"}]),
+        "session": lambda: store.session("typo"),
+        "session(repair=True)": lambda: store.session("typo", repair=True),
+        "repair": lambda: store.repair("typo"),
+        "delete": lambda: store.delete("typo"),
+        "restore": lambda: restore(store, "typo"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(sessionlog.SessionNotFound):
+            call()
+        assert changes(before, tree(tmp_path)) == [], name
