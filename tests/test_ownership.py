@@ -828,16 +828,24 @@ store = sessionlog.open_store(sys.argv[1])
 store.create("s")
 handle = store.session("s")
 handle.append([{"type": "note/x", "i": 1}])
+# The child speaks after the parent's line, each line one write (PYTHONUNBUFFERED makes
+# print() two writes, and two processes' writes interleave).
+spoken, speak = os.pipe()
 pid = os.fork()
 if pid == 0:
+    os.read(spoken, 1)
     try:
         handle.append([{"type": "note/child"}])
-        print("child: appended", flush=True)
+        said = "child: appended"
     except sessionlog.SessionLogError as exc:
-        print("child:", type(exc).__name__, flush=True)
+        said = "child: " + type(exc).__name__
+    sys.stdout.write(said + "\\n")
+    sys.stdout.flush()
     time.sleep(60)
     os._exit(0)
-print(pid, flush=True)
+sys.stdout.write(f"{pid}\\n")
+sys.stdout.flush()
+os.write(speak, b"!")
 time.sleep(60)
 """
 
