@@ -17,6 +17,7 @@ import os
 import re
 import select
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -479,9 +480,13 @@ def _refuse_hard_links(path: str, where: str) -> None:
     other's commits, acknowledged appends included; nor would the lock directories of
     the two names be one."""
     try:
-        links = os.stat(path).st_nlink
+        st = os.stat(path)
     except OSError as exc:
         raise IOFailure(f"{path}: cannot stat the database: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise IOFailure(f"{where}: {path} is {what}, not a SQLite database file")
+    links = st.st_nlink
     if links > 1:
         raise DurabilityRefused(
             f"{where}: the database file has {links} names (hard links); SQLite keeps a WAL per name, so "

@@ -1129,3 +1129,14 @@ def test_convert_jsonl_with_a_bare_carriage_return_to_sql(sql_url: str, tmp_path
     back = tmp_path / "back"
     assert cli.main(["convert", sql_url, f"jsonl:{back}"]) == 0
     assert (back / "s1.jsonl").read_bytes() == original
+
+
+def test_a_directory_named_as_the_database_is_said_to_be_one(tmp_path: Path) -> None:
+    """A sqlite:/// URL naming a directory: opening a writing store (and convert into it)
+    says so, not that the file has hard links (a directory's link count)."""
+    with pytest.raises(sessionlog.IOFailure, match="is a directory, not a SQLite database file"):
+        sessionlog.open_store(f"sqlite:///{tmp_path}")
+    converted = subprocess.run(
+        [sys.executable, "-m", "sessionlog", "convert", str(Path(__file__).parent.parent / "fixtures" / "healthy.jsonl"),
+         f"sqlite:///{tmp_path}"], capture_output=True, text=True)
+    assert converted.returncode == 4 and "is a directory" in converted.stderr and "hard links" not in converted.stderr
