@@ -140,6 +140,37 @@ def arguments_json(arguments: Any) -> str:
     return json.dumps({} if arguments is None else arguments, ensure_ascii=False, separators=(",", ":"))
 
 
+def arguments_problem(text: Any) -> str | None:
+    """Why ``text``, a tool call's ``arguments`` as an OpenAI Chat view carries them, is not
+    the text of a JSON object (what the API takes: strict JSON, no ``NaN``), or None when
+    it is one. Never raises."""
+    if not isinstance(text, str):
+        return f"a {type(text).__name__}, not a string"
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        return f"not JSON: {str(exc)[:80]}"
+    if not isinstance(value, dict):
+        return f"JSON {'null' if value is None else type(value).__name__}, not an object"
+    return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _arguments_issues(seq: Any, calls: Iterable[tuple[str, Any]]) -> list[str]:
+    """One sentence per call of assistant message ``seq`` ((call id, arguments)) whose
+    arguments an OpenAI Chat view cannot carry as a JSON object text."""
+    issues = []
+    for call_id, arguments in calls:
+        why = arguments_problem(arguments_json(arguments))
+        if why is not None:
+            issues.append(f"call {call_id!r} of assistant message seq {seq}: its arguments are not a JSON object "
+                          f"({why}), which the OpenAI API rejects; the view keeps them as they are")
+    return issues
+
+
 def arguments_object(arguments: Any) -> dict[str, Any]:
     """A call's arguments as the JSON object Anthropic's ``tool_use.input`` requires."""
     if isinstance(arguments, Mapping):
@@ -361,13 +392,20 @@ def project(records: Iterable[Mapping[str, Any]], fmt: str) -> Projection:
     Guarantee: the items pass :func:`check_pairing` for ``fmt``; every call an
     ``assistant/message`` asked for appears exactly once, under an id unique in the view,
     with exactly one result, placed where the provider requires it, in the assistant's
-    call order. Nothing is written. Raises :class:`UnknownFormat` for an unknown ``fmt``."""
+    call order. One exception, which the view does not hide: in ``openai``, a call whose
+    ``arguments`` are not a JSON object (a string that is not one, a list) keeps them as
+    they are, is named in :attr:`Projection.issues` (its id and its assistant message's
+    seq) and fails the check. Nothing is written. Raises :class:`UnknownFormat` for an
+    unknown ``fmt``."""
     _check_format(fmt)
     pairing = pair_calls(records)
     ids, renamed = view_ids(pairing)
     items = _RENDER[fmt](pairing.entries, ids)
     calls = [c for ex in pairing.exchanges for c in ex.calls]
     issues = list(pairing.issues) + renamed
+    if fmt == "openai":
+        for exchange in pairing.exchanges:
+            issues.extend(_arguments_issues(exchange.seq, ((c.call_id, c.arguments) for c in exchange.calls)))
     system = None
     if fmt == "anthropic":
         prompts = [e for e in pairing.entries if isinstance(e, SystemEntry)]
@@ -526,6 +564,7 @@ class StreamedView:
         self._memory: Projection | None = None
         self._issues = _Lines()
         self._renames = _Lines()
+        self._arguments = _Lines()  # openai: calls whose arguments are not a JSON object
         self._system_seqs: array[int] = array("q")
         # The calls the view renames, in log order: assistant message seq, call position, suffix.
         self._tape: tuple[array[int], array[int], array[int]] = (array("q"), array("q"), array("q"))
@@ -545,6 +584,7 @@ class StreamedView:
     def close(self) -> None:
         self._issues.close()
         self._renames.close()
+        self._arguments.close()
         if self._far_file is not None:
             self._far_file.close()
 
@@ -554,6 +594,7 @@ class StreamedView:
             return
         yield from self._issues
         yield from self._renames
+        yield from self._arguments
         if self.format == "anthropic" and self._system_seqs:
             last = self._system_seqs[-1]
             for seq in self._system_seqs[:-1]:
@@ -643,6 +684,9 @@ class StreamedView:
                         continue
                     self._name(seq, len(asked), req.id, seen)
                     asked.add(req.id)
+                    if self.format == "openai":
+                        for issue in _arguments_issues(seq, [(req.id, req.arguments)]):
+                            self._arguments.add(issue)
         self._count, self._last_seq = count, (prev if count else None)
         # What is still unanswered gets its view-time result.
         unanswered = tracker.unanswered()
@@ -840,7 +884,8 @@ def check_pairing(
     At least as strict as each provider:
 
     - ``openai``: an assistant message's ``tool_calls`` (ids non-empty strings of at most
-      40 characters, unique in the whole conversation; ``arguments`` a JSON string) are
+      40 characters, unique in the whole conversation; ``arguments`` a string holding a
+      JSON object, as the API requires: :func:`arguments_problem`) are
       followed right away by one ``tool`` message per call; a ``tool`` message anywhere
       else is a violation.
     - ``responses``: every ``function_call`` has a non-empty ``call_id`` unique in the
@@ -1040,6 +1085,10 @@ class PairingCheck:
                                      f"(assistant message {used[call_id]} used it)")
                 if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
                     return Violation(call_id, i, f"message {i}: call {_q(call_id)} arguments are not a JSON string")
+                why = arguments_problem(function["arguments"])
+                if why is not None:
+                    return Violation(call_id, i, f"message {i}: call {_q(call_id)} arguments are not a JSON object "
+                                     f"text ({why}): {_q(function['arguments'])}")
                 seen.add(call_id)
                 expected.append(call_id)
             for call_id in seen:

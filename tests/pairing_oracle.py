@@ -8,7 +8,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sessionlog.projection import Violation, _check_format
+from sessionlog.projection import Violation, _check_format, arguments_problem
 
 
 def oracle_check_pairing(
@@ -20,7 +20,7 @@ def oracle_check_pairing(
     At least as strict as each provider:
 
     - ``openai``: an assistant message's ``tool_calls`` (ids non-empty strings of at most
-      40 characters, unique in the whole conversation; ``arguments`` a JSON string) are
+      40 characters, unique in the whole conversation; ``arguments`` a JSON object text) are
       followed right away by one ``tool`` message per call; a ``tool`` message anywhere
       else is a violation.
     - ``responses``: every ``function_call`` has a non-empty ``call_id`` unique in the
@@ -85,6 +85,10 @@ def _check_openai(items: list[Mapping[str, Any]]) -> Violation | None:
                                      f"(assistant message {used[call_id]} used it)")
                 if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
                     return Violation(call_id, i, f"message {i}: call {call_id!r} arguments are not a JSON string")
+                why = arguments_problem(function["arguments"])  # the rule added since: a JSON object text
+                if why is not None:
+                    return Violation(call_id, i, f"message {i}: call {call_id!r} arguments are not a JSON object "
+                                     f"text ({why}): {function['arguments']!r}")
                 seen.add(call_id)
                 expected.append(call_id)
             for call_id in seen:

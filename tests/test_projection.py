@@ -24,7 +24,7 @@ from test_transcript import (
 import sessionlog
 from sessionlog.contract import read_prefix
 from sessionlog.events import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
-from sessionlog.projection import FORMATS, UnknownFormat, check_pairing, project
+from sessionlog.projection import FORMATS, UnknownFormat, check_pairing, project, stream_view
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.jsonl"))
@@ -329,6 +329,58 @@ def test_show_check_passes_for_a_reused_call_id(tmp_path: Path) -> None:
         assert store.repair("s1").status == "repaired"
     for fmt in FORMATS:
         assert main(["show", str(tmp_path / "s1.jsonl"), "--format", fmt, "--check"]) == 0
+
+
+@pytest.mark.parametrize("arguments", ["rm -rf build", "", "[1, 2]", '"x"', "null", "NaN", '{"a": NaN}',
+                                       '{"path": "/x"', [1, 2], 3])
+def test_openai_check_rejects_arguments_that_are_not_a_json_object(arguments: Any) -> None:
+    """DESIGN: a call's arguments are a JSON object; the OpenAI API rejects a request whose
+    tool call carries anything else. The view keeps what the log holds, names the call and
+    its record in its issues, and the check rejects it, naming the message and the call;
+    the other views are not concerned (Anthropic's input is made an object, as before)."""
+    records = numbered([{"type": "user/message", "turn": "t1", "content": "go"}, assistant("t1", 1, [("c1", "run")], arguments=arguments),
+                        result("t1", 1, "c1", "done")])
+    view = project(records, "openai")
+    [issue] = [i for i in view.issues if "arguments" in i]
+    assert issue.startswith("call 'c1' of assistant message seq 3: its arguments are not a JSON object")
+    violation = check_pairing(view.items, "openai")
+    assert violation is not None and (violation.call_id, violation.index) == ("c1", 1)
+    assert violation.message.startswith("message 1: call 'c1' arguments are not a JSON object text (")
+    for fmt in ("responses", "anthropic"):
+        assert check_pairing(project(records, fmt).items, fmt) is None
+    with stream_view(lambda: iter(records), "openai") as streamed:
+        assert list(streamed.issues()) == view.issues and list(streamed.items()) == view.items
+
+
+@pytest.mark.parametrize("arguments", ['{"path": "/x"}', "{}", ' { } ', {"path": "/x"}, None])
+def test_openai_check_takes_arguments_that_are_a_json_object(arguments: Any) -> None:
+    records = numbered([assistant("t1", 1, [("c1", "run")], arguments=arguments), result("t1", 1, "c1", "done")])
+    view = project(records, "openai")
+    assert check_pairing(view.items, "openai") is None and not [i for i in view.issues if "arguments" in i]
+
+
+def test_show_check_rejects_a_call_whose_arguments_are_not_json(tmp_path: Path, capsys: Any) -> None:
+    """`sessionlog show --format openai --check` on a log whose assistant message carries
+    a shell line where its arguments belong: exit 1, and standard error names the record
+    (seq) and the call; the views of the other providers pass."""
+    from sessionlog.cli import main
+
+    with sessionlog.open_store(f"jsonl:{tmp_path}") as store:
+        store.create("s1", [
+            {"type": "turn/start", "turn": "t1"}, {"type": "user/message", "turn": "t1", "content": "clean up"},
+            assistant("t1", 1, [("c1", "shell")], arguments="rm -rf build"), call("t1", 1, "c1", "shell"),
+            result("t1", 1, "c1", "removed"), {"type": "turn/end", "turn": "t1", "status": "completed"},
+        ])
+    log = str(tmp_path / "s1.jsonl")
+    capsys.readouterr()
+    assert main(["show", log, "--format", "openai", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "call 'c1' of assistant message seq 4: its arguments are not a JSON object" in err
+    assert "pairing violation: message 1: call 'c1' arguments are not a JSON object text" in err
+    assert "'rm -rf build'" in err
+    assert main(["show", log, "--format", "openai"]) == 0  # the view itself, shown as the log holds it
+    for fmt in ("responses", "anthropic"):
+        assert main(["show", log, "--format", fmt, "--check"]) == 0
 
 
 # --- system messages ---------------------------------------------------------------------
