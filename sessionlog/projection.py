@@ -134,10 +134,14 @@ def _check_format(fmt: str) -> None:
 
 
 def arguments_json(arguments: Any) -> str:
-    """A call's arguments as the JSON string OpenAI formats carry (a string is kept)."""
-    if isinstance(arguments, str):
+    """A call's arguments as the JSON object text OpenAI formats carry: a string that is
+    one is kept as it is; anything else is :func:`arguments_object`'s object (a string
+    that is not a JSON object's text, a list, a number: ``{"arguments": <it>}``), so a
+    provider that takes only an object's text takes the view, and the model still reads
+    what the log holds. The view names each such call (:func:`_arguments_issues`)."""
+    if isinstance(arguments, str) and arguments_problem(arguments) is None:
         return arguments
-    return json.dumps({} if arguments is None else arguments, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(arguments_object(arguments), ensure_ascii=False, separators=(",", ":"))
 
 
 def arguments_problem(text: Any) -> str | None:
@@ -161,14 +165,21 @@ def _no_constant(name: str) -> Any:
 
 def _arguments_issues(seq: Any, calls: Iterable[tuple[str, Any]]) -> list[str]:
     """One sentence per call of assistant message ``seq`` ((call id, arguments)) whose
-    arguments an OpenAI Chat view cannot carry as a JSON object text."""
+    arguments are not a JSON object, which every view carries wrapped in one."""
     issues = []
     for call_id, arguments in calls:
-        why = arguments_problem(arguments_json(arguments))
+        if arguments is None or isinstance(arguments, Mapping):
+            continue
+        why = arguments_problem(arguments) if isinstance(arguments, str) else f"a JSON {_json_kind(arguments)}"
         if why is not None:
             issues.append(f"call {call_id!r} of assistant message seq {seq}: its arguments are not a JSON object "
-                          f"({why}), which the OpenAI API rejects; the view keeps them as they are")
+                          f"({why}); providers take only an object, so the view carries them as "
+                          '{"arguments": ...}')
     return issues
+
+
+def _json_kind(value: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", list: "array", str: "string"}.get(type(value), "value")
 
 
 def arguments_object(arguments: Any) -> dict[str, Any]:
@@ -177,8 +188,8 @@ def arguments_object(arguments: Any) -> dict[str, Any]:
         return dict(arguments)
     if isinstance(arguments, str):
         try:
-            decoded = json.loads(arguments)
-        except ValueError:
+            decoded = json.loads(arguments, parse_constant=_no_constant)  # strict JSON: no NaN
+        except (ValueError, RecursionError):
             return {"arguments": arguments}
         if isinstance(decoded, dict):
             return decoded
@@ -392,20 +403,18 @@ def project(records: Iterable[Mapping[str, Any]], fmt: str) -> Projection:
     Guarantee: the items pass :func:`check_pairing` for ``fmt``; every call an
     ``assistant/message`` asked for appears exactly once, under an id unique in the view,
     with exactly one result, placed where the provider requires it, in the assistant's
-    call order. One exception, which the view does not hide: in ``openai``, a call whose
-    ``arguments`` are not a JSON object (a string that is not one, a list) keeps them as
-    they are, is named in :attr:`Projection.issues` (its id and its assistant message's
-    seq) and fails the check. Nothing is written. Raises :class:`UnknownFormat` for an
-    unknown ``fmt``."""
+    call order. A call whose ``arguments`` are not a JSON object (a string that is not
+    one's text, a list) is carried as ``{"arguments": <them>}`` and named in
+    :attr:`Projection.issues` (its id and its assistant message's seq). Nothing is
+    written. Raises :class:`UnknownFormat` for an unknown ``fmt``."""
     _check_format(fmt)
     pairing = pair_calls(records)
     ids, renamed = view_ids(pairing)
     items = _RENDER[fmt](pairing.entries, ids)
     calls = [c for ex in pairing.exchanges for c in ex.calls]
     issues = list(pairing.issues) + renamed
-    if fmt == "openai":
-        for exchange in pairing.exchanges:
-            issues.extend(_arguments_issues(exchange.seq, ((c.call_id, c.arguments) for c in exchange.calls)))
+    for exchange in pairing.exchanges:
+        issues.extend(_arguments_issues(exchange.seq, ((c.call_id, c.arguments) for c in exchange.calls)))
     system = None
     if fmt == "anthropic":
         prompts = [e for e in pairing.entries if isinstance(e, SystemEntry)]
@@ -564,7 +573,7 @@ class StreamedView:
         self._memory: Projection | None = None
         self._issues = _Lines()
         self._renames = _Lines()
-        self._arguments = _Lines()  # openai: calls whose arguments are not a JSON object
+        self._arguments = _Lines()  # calls whose arguments are not a JSON object
         self._system_seqs: array[int] = array("q")
         # The calls the view renames, in log order: assistant message seq, call position, suffix.
         self._tape: tuple[array[int], array[int], array[int]] = (array("q"), array("q"), array("q"))
@@ -684,9 +693,8 @@ class StreamedView:
                         continue
                     self._name(seq, len(asked), req.id, seen)
                     asked.add(req.id)
-                    if self.format == "openai":
-                        for issue in _arguments_issues(seq, [(req.id, req.arguments)]):
-                            self._arguments.add(issue)
+                    for issue in _arguments_issues(seq, [(req.id, req.arguments)]):
+                        self._arguments.add(issue)
         self._count, self._last_seq = count, (prev if count else None)
         # What is still unanswered gets its view-time result.
         unanswered = tracker.unanswered()
