@@ -303,7 +303,9 @@ class StepScope:
                        errors: str = "result") -> ToolOutcome:
         """Run ``tool`` for ``call`` in a :class:`ToolCall` scope (durable ``tool/call``,
         body, durable ``tool/result``) and return what was recorded. A tool that raises is
-        an error result (``TOOL_ERROR``), unless ``errors="raise"``."""
+        an error result (``TOOL_ERROR``), unless ``errors="raise"``; an output the store
+        cannot hold (over the record limit) is an error result naming its size
+        (``TOOL_OUTPUT_NOT_RECORDED``)."""
         async with self.tool_call(call, errors=errors) as tc:
             value = tool(tc.call.arguments)
             if inspect.isawaitable(value):
@@ -416,6 +418,12 @@ TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
 """``code`` of the local error result :func:`dispatch_tools` records for a call naming a
 tool it does not have (not synthetic: the runtime answered it; the model should know)."""
 
+TOOL_OUTPUT_NOT_RECORDED = "TOOL_OUTPUT_NOT_RECORDED"
+"""``code`` of the error result a tool-call scope records when the body returned but the
+store refused its result as it was (an output over the record limit, text that is not
+valid Unicode): the body ran to its end, so the call is answered with what is known (its
+output's size and the store's reason), never left to recovery as "maybe ran"."""
+
 
 class NotAwaitingApproval(SessionLogError):
     """An approval was resolved for a call that is not awaiting one."""
@@ -470,6 +478,17 @@ def error_outcome(exc: BaseException) -> ToolOutcome:
     return ToolOutcome(f"{TOOL_ERROR}: the tool raised {text}", is_error=True, code=TOOL_ERROR)
 
 
+def unrecorded_outcome(outcome: ToolOutcome, refused: InvalidEvent) -> ToolOutcome:
+    """The error result recorded in place of ``outcome`` when the store refused its record
+    (``refused``): the body ran; its output's size and the refusal, not the output."""
+    size = len(outcome.output.encode("utf-8", "surrogatepass"))
+    what = "an error output" if outcome.is_error else "its output"
+    text = (f"{TOOL_OUTPUT_NOT_RECORDED}: the tool ran to its end, but {what} ({size} bytes) could not be "
+            f"recorded (the session log refused it: {refused}), so it is not shown here. Whatever the tool "
+            "did has been done. If you need the output, ask for less of it (a narrower query, a range, a summary).")
+    return ToolOutcome(text, is_error=True, code=TOOL_OUTPUT_NOT_RECORDED)
+
+
 def _as_call(call: ToolCallRequest | Mapping[str, Any]) -> ToolCallRequest:
     if isinstance(call, ToolCallRequest):
         return call
@@ -495,7 +514,10 @@ class ToolCall:
     goes on. With ``errors="raise"`` it propagates instead and the step fails (step
     recovery answers the call ``TOOL_OUTCOME_UNKNOWN``: the body may have done part of
     its work). A cancellation always propagates. A body that sets no result records an
-    empty successful output."""
+    empty successful output. A result the store refuses as it is (an output over the
+    record limit) is recorded as an error result instead, code ``TOOL_OUTPUT_NOT_RECORDED``,
+    naming the output's size and the store's reason: the body ran, and the model is told
+    so rather than the call being left "maybe ran". ``tc.outcome`` is what was recorded."""
 
     def __init__(self, scope: StepScope, call: ToolCallRequest | Mapping[str, Any], *, errors: str = "result") -> None:
         if errors not in ("result", "raise"):
@@ -526,7 +548,12 @@ class ToolCall:
             return False
         else:
             outcome = error_outcome(exc)
-        await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+        try:
+            await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+        except InvalidEvent as refused:
+            # Nothing was written, and the body has run: say so, with what is known of its output.
+            outcome = unrecorded_outcome(outcome, refused)
+            await self.scope.append_async([self.scope.result_event(self.call, outcome)])
         self.outcome = outcome
         return exc is not None
 
@@ -660,6 +687,7 @@ async def dispatch_tools(
 __all__ = [
     "TOOL_ERROR",
     "TOOL_NOT_FOUND",
+    "TOOL_OUTPUT_NOT_RECORDED",
     "Appender",
     "CallNotPending",
     "ModelRequest",
@@ -673,4 +701,5 @@ __all__ = [
     "error_outcome",
     "failure_status",
     "tool_outcome",
+    "unrecorded_outcome",
 ]

@@ -3,8 +3,10 @@
 One pending queue per session, at most one write in flight per session, an optional
 batching deadline, and a flush barrier. Events that arrive while a write is in flight go
 into the next batch: that is group commit. A batch is bounded by count (``max_batch``)
-and by bytes (the store's batch limit), so a burst of large events never falls back to
-one sync per event.
+and by bytes (the store's batch limit, less a margin), so a burst of large events never
+falls back to one sync per event. The bounds group producers; they never refuse one: a
+producer's events that do not fit them (an output of nearly the batch limit) are written
+as a batch of their own, so the writer takes whatever one ``store.append`` takes.
 
     async with WriteBehind(store) as writer:
         seq = await writer.append("s1", [{"type": "tool/call", ...}])   # durable
@@ -32,14 +34,17 @@ sync).
 
 Failure contract, per session; only :class:`~sessionlog.SessionLogError` is ever raised:
 
+- An invalid session id is refused at once, by ``submit`` and ``append`` alike, with the
+  store's :class:`~sessionlog.InvalidSessionId`; nothing is queued.
 - An event the store refuses (not an event, no ``type``, a ``seq`` of its own, not
-  serializable, nested too deep, over a size limit: :class:`~sessionlog.InvalidEvent`)
-  fails only its producer: ``submit`` checks the events as the store does and raises at
-  once, accepting nothing (a producer that submits and moves on never loses events
-  silently); ``append`` raises the store's refusal when its events are written. A batch
+  serializable, nested too deep, over the record or batch limit:
+  :class:`~sessionlog.InvalidEvent`) fails only its producer: ``submit`` checks the
+  events as ``store.append`` does and raises its error at once, accepting nothing (a
+  producer that submits and moves on never loses events silently); ``append`` raises the
+  store's refusal when its events are written. A batch
   the store refuses when written is split until the refused producer is found; its
   future fails (``on_error`` hears of it too when no ``append`` was awaiting it: a record
-  that its real, longer seq pushes over the record limit), and everything else is
+  that its real, longer seq pushes over the record or batch limit), and everything else is
   written, in order.
 - A batch that failed and was rolled back goes back to the head of the queue, in order,
   and the automatic path pauses. The failure is reported to ``on_error``. Producers
@@ -87,6 +92,7 @@ from .contract import (
     CorruptLog,
     EventStore,
     InvalidEvent,
+    InvalidSessionId,
     OwnershipLost,
     SequenceConflict,
     SessionHandle,
@@ -96,7 +102,7 @@ from .contract import (
     StoreClosed,
     events_list,
 )
-from .events import Record, RecordError, plain_encoding, read_event
+from .events import Record, RecordError, plain_encoding, read_event, valid_session_id
 from .scan import DEFAULT_LIMITS, batch_size, encode_batch
 
 ENVELOPE_BYTES = 64
@@ -141,7 +147,9 @@ class WriteBehind:
 
     ``max_delay``: how long (seconds) the first event of a batch may wait for company.
     ``max_batch``: most events per batch. ``max_batch_bytes``: most encoded bytes per
-    batch (default: the store's batch limit, less a margin). ``lock_wait``: seconds to
+    batch (default, and at most: the store's batch limit, less a margin). These bound how
+    producers are grouped, never what one producer may submit: one producer's events
+    over them are a batch of their own. ``lock_wait``: seconds to
     wait for another owner of a session before its events fail with SessionLocked.
     ``inline``: write on the event loop when it is the only write to do (see the module
     docstring). ``workers``: threads for writes of different sessions at once.
@@ -168,10 +176,11 @@ class WriteBehind:
         self.max_delay = max_delay
         self.max_batch = max_batch
         self._limits = getattr(store, "limits", None) or DEFAULT_LIMITS
-        if max_batch_bytes is None:
-            limit = self._limits.batch_limit
-            max_batch_bytes = max(limit - limit // 16, 1)
-        self.max_batch_bytes = max_batch_bytes
+        # Batch sizes are estimated before the seqs and stamps are known: a group kept a
+        # sixteenth under the store's batch limit is one the store takes.
+        limit = self._limits.batch_limit
+        ceiling = max(limit - limit // 16, 1)
+        self.max_batch_bytes = ceiling if max_batch_bytes is None else min(max_batch_bytes, ceiling)
         self.lock_wait = lock_wait
         self.inline = inline
         self.on_error = on_error
@@ -201,11 +210,13 @@ class WriteBehind:
         The events are copied as they are now: the caller may reuse or change its dicts
         once this returns, and what is written is what was submitted.
 
-        Raises at once, accepting nothing: StoreClosed after close() began; InvalidEvent
-        when the store would refuse the events (the same rules as ``store.append``: not
-        mappings, no type, a seq of their own, not serializable, nested too deep, over the
-        record limit) or they are larger than a batch; the session's failure while it is
-        paused or stopped."""
+        Raises at once, accepting nothing, what ``store.append(session_id, events)`` would
+        raise for them: InvalidSessionId; InvalidEvent (not mappings, no type, a seq of
+        their own, not serializable, nested too deep, over the record or batch limit,
+        measured at seq 1). Also StoreClosed after close() began, and the session's
+        failure while it is paused or stopped. Events ``store.append`` takes are taken:
+        when they do not fit ``max_batch_bytes`` they are written as a batch of their
+        own."""
         lane, pending = self._accept(session_id, events, expect_seq, checked=True)
         self._start(lane)
         return pending.future
@@ -213,6 +224,10 @@ class WriteBehind:
     def _accept(self, session_id: str, events: Sequence[Mapping[str, Any]],
                 expect_seq: int | None, *, checked: bool = False) -> tuple[_Lane, _Pending]:
         """Queue the events (what :meth:`submit` does but start writing them)."""
+        if not valid_session_id(session_id):  # as the store refuses it, before anything is queued
+            raise InvalidSessionId(
+                f"invalid session id {session_id!r}: use [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}, no '..'"
+            )
         if self._closing:
             raise StoreClosed("write-behind is closing: no new events are accepted")
         lane = self._lanes.get(session_id)
@@ -222,13 +237,11 @@ class WriteBehind:
         if failure is not None:
             raise failure
         batch = events.copy() if type(events) is list else events_list(events)
-        if checked:
+        nbytes = None if checked else _encoded_size(batch)
+        if nbytes is None:  # checked as the store checks them, or not encodable: the store's refusal
             batch, nbytes = self._snapshot(batch)
-        else:
-            nbytes = _encoded_size(batch)
-        if nbytes > self.max_batch_bytes:
-            raise InvalidEvent(f"{session_id}: {nbytes} bytes of events exceed one batch "
-                               f"({self.max_batch_bytes} bytes); split them")
+        # No bound of the writer's own refuses them: events over max_batch_bytes are a batch
+        # of their own (_take), and only the store's limits say what is too large.
         loop = self._loop
         if loop is None or not loop.is_running():  # one get_running_loop (a getpid) per loop, not per event
             loop = self._loop = asyncio.get_running_loop()
@@ -242,19 +255,23 @@ class WriteBehind:
         """The events of a submit as they are now, and the bytes they take in a write.
 
         Every event is checked as the store checks it (the same rules, the same
-        InvalidEvent naming the event at fault): an event the store would refuse is
+        InvalidEvent naming the event at fault, the batch limit on the events together):
+        an event the store would refuse is
         refused when submitted, not after its producer has moved on. What is queued is a
         private copy (the events encoded now and decoded again): a producer may reuse or
         change its dicts once ``submit`` returns, and what is written is what it
-        submitted. Only the record limit is checked at seq 1 (a later seq has more
-        digits); a record that it pushes over the limit fails when written, and
+        submitted. The record and batch limits are checked at seq 1 (a later seq has
+        more digits); a record or batch that it pushes over a limit fails when written, and
         ``on_error`` hears of it. (``append`` skips this: its producer waits for the
         write and hears why it was refused.)"""
         if not batch:
             return batch, 0
         encoded = plain_encoding(batch)  # the common case: records by construction, only sizes to check
-        if encoded is not None and len(encoded) + ENVELOPE_BYTES <= self._limits.record_limit:
-            return _decoder.decode(encoded), len(encoded) + ENVELOPE_BYTES * len(batch)
+        if encoded is not None:
+            nbytes = len(encoded) + ENVELOPE_BYTES * len(batch)  # at least what the batch takes
+            if (len(encoded) + ENVELOPE_BYTES <= self._limits.record_limit
+                    and nbytes <= self._limits.batch_limit):
+                return _decoder.decode(encoded), nbytes
         batch = [_read(event, i) for i, event in enumerate(batch)]  # each mapping's own code runs once
         lines = encode_batch(batch, 1, self._limits)
         copies: list[Mapping[str, Any]] = []
@@ -508,8 +525,9 @@ class WriteBehind:
         return not cancelled
 
     def _take(self, lane: _Lane) -> list[_Pending]:
-        """The next batch: a prefix of the queue within the count and byte bounds (at
-        least one producer's events)."""
+        """The next batch: a prefix of the queue within the count and byte bounds, or
+        one producer's events alone (however many, however large: the store, not this
+        bound, decides whether they are too large)."""
         batch: list[_Pending] = []
         count = nbytes = 0
         queue = lane.queue
@@ -836,9 +854,10 @@ def _read(event: Any, i: int) -> Any:
         raise InvalidEvent(f"event {i} of the batch: {exc.reason}") from exc.__cause__
 
 
-def _encoded_size(events: list[Mapping[str, Any]]) -> int:
+def _encoded_size(events: list[Mapping[str, Any]]) -> int | None:
     """Bytes the events take encoded, plus the envelope: a batch's size before its seqs
-    are known; InvalidEvent when they cannot be encoded at all."""
+    are known (at least what it takes); None when they cannot be encoded as they are
+    (the caller checks them as the store does, which names the event at fault)."""
     try:
         return len(_encoder.encode(events)) + ENVELOPE_BYTES * len(events)
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
@@ -848,8 +867,8 @@ def _encoded_size(events: list[Mapping[str, Any]]) -> int:
     read = [_read(e, i) for i, e in enumerate(events)]
     try:
         return len(_encoder.encode(read)) + ENVELOPE_BYTES * len(events)
-    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
-        raise InvalidEvent(f"events cannot be encoded: {type(exc).__name__}: {exc}") from None
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+        return None
 
 
 _encoder = msgspec.json.Encoder()
