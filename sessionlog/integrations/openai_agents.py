@@ -44,7 +44,14 @@ their outputs are written by the ``add_items`` alone, once. After a crash the se
 next open repairs the log once (sessionlog's repair: ``TOOL_OUTCOME_UNKNOWN`` for a call
 that started, including such a tool that returned before the Runner saved the turn;
 ``TOOL_NOT_STARTED`` for one that did not) and ``get_items()`` returns every call with
-exactly one output after it.
+exactly one output after it, in the shape the Responses API takes for the call's type (see
+"a repaired call's output" below): the repair's text as the output of a function, custom or
+local shell call; in ``stderr`` of a shell call (outcome ``timeout`` for
+TOOL_OUTCOME_UNKNOWN, exit 1 for TOOL_NOT_STARTED); as the ``output`` of an apply-patch
+call with ``status`` ``failed``. A computer call's output must be a screenshot: it gets a
+1x1 placeholder image, and a developer message after the step's outputs holds the text.
+The log keeps the repair's ``tool/result`` (its ``code`` and text) as written; these items
+are a view of it.
 
 A response whose calls the Runner saves without their outputs paused the run for a human
 (approval): the calls get ``tool/approval`` ``requested``; ``approved`` is recorded when the
@@ -290,6 +297,7 @@ class Conversation:
         self.last_seq = 0
         self.latest_calls: dict[str, _Call] = {}  # the latest assistant message's calls
         self.request: str | None = None  # an llm/request without its llm/response yet
+        self._notes_at: int | None = None  # index of the notes that end a run of repair results
 
     @property
     def turn(self) -> str:
@@ -301,6 +309,9 @@ class Conversation:
         if seq is None:
             seq = record["seq"]
         self.last_seq = seq
+        if self._notes_at is not None and not (type_ == "tool/result" and record.get("synthetic")
+                                               and "item" not in record):
+            self._notes_at = None  # the repair's run of results ended: its notes stay where they are
         if type_ == "user/message":
             label = record.get("turn")
             number = label[1:] if isinstance(label, str) and label.startswith("t") else ""
@@ -358,12 +369,20 @@ class Conversation:
                 self._add(record)
             elif record.get("synthetic") and not self._has_output(record.get("call_id")):
                 self._dangling |= self.partial and call is None
-                # sessionlog's repair answered the call: the SDK's output item for it.
-                self.items.append({
-                    "type": call.output_type if call is not None else "function_call_output",
-                    "call_id": record.get("call_id"),
-                    "output": record.get("output"),
-                })
+                # sessionlog's repair answered the call: the SDK's output item for it, and
+                # for a computer call the note that carries its text. Notes follow the
+                # step's last output, so no item comes between a call and its output.
+                output, note = _recovered_output(call.output_type if call is not None else "function_call_output",
+                                                 record.get("call_id"), record.get("output"), record.get("code"))
+                if self._notes_at is None:
+                    self.items.append(output)
+                else:
+                    self.items.insert(self._notes_at, output)
+                    self._notes_at += 1
+                if note is not None:
+                    if self._notes_at is None:
+                        self._notes_at = len(self.items)
+                    self.items.append(note)
         elif type_ == "step/end":
             self.open_step = None
             self.provisional_from = self.provisional_seq = None
@@ -457,6 +476,7 @@ class Conversation:
             self.provisional_from = self.provisional_seq = None
         self.items.extend(plan.batch)
         self.last_seq = last_seq
+        self._notes_at = None  # an add writes no repair results
         self.turns, self.step_number = plan.turns, plan.step_number
         if plan.copy is not None and self.latest_calls is plan.copied.calls:  # type: ignore[union-attr]
             self.latest_calls = plan.copy.calls
@@ -649,6 +669,66 @@ def _as_item(value: Any) -> Any:
 def _output_text(item: Mapping[str, Any]) -> str:
     output = item.get("output")
     return output if isinstance(output, str) else _text(output)
+
+
+# --- a repaired call's output, in the shape the Responses API takes ----------------------
+#
+# sessionlog's repair answers a call that has no result with a synthetic ``tool/result``:
+# its ``code`` (TOOL_OUTCOME_UNKNOWN: a durable ``tool/call`` exists; TOOL_NOT_STARTED: it
+# does not) and its text. The log keeps that record as written; this is its SDK item, in
+# the shape the call's output type has in the openai package's input item params
+# (openai/types/responses/response_input_item_param.py):
+#
+# - ``function_call_output``, ``custom_tool_call_output``, ``local_shell_call_output``: a
+#   string ``output``, the text;
+# - ``shell_call_output``: ``output`` is a list of ``{stdout, stderr, outcome}`` and an
+#   outcome is ``{"type": "exit", "exit_code"}`` or ``{"type": "timeout"}``
+#   (response_function_shell_call_output_content_param.py), with no "unknown": one entry,
+#   the text in ``stderr``, ``stdout`` empty;
+# - ``apply_patch_call_output``: ``status`` ``"completed"`` or ``"failed"`` (required) and an
+#   optional ``output`` string: ``failed`` with the text;
+# - ``computer_call_output``: ``output`` is a screenshot (``{"type": "computer_screenshot",
+#   "image_url" | "file_id"}``) and the item has no member for text: a 1x1 placeholder
+#   image, and the text (which says the image is a placeholder) in a developer message
+#   after the step's last output, where it comes between no call and its output. The item
+#   alone is the same for both codes; the message tells them apart. Leaving the call out
+#   instead would hide from the model that it acted, which is what a repair is to prevent.
+#
+# ``local_shell_call_output`` keeps the SDK's own shape, ``call_id`` (the installed types
+# name that member ``id``; the SDK sends ``call_id`` for every local shell output).
+
+_PLACEHOLDER_SCREENSHOT = (
+    # A valid PNG of one black pixel (1x1, 8-bit grayscale): no screen was captured.
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR42mNgAAAAAgAB5Sfe/AAAAABJRU5ErkJggg=="
+)
+
+
+def _recovered_output(output_type: str, call_id: Any, text: Any, code: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The SDK output item of ``output_type`` for a call sessionlog's repair answered
+    with ``text`` and ``code``, and the message that carries the text where the item has
+    no room for it (a computer call's), else None. A code other than TOOL_NOT_STARTED is
+    taken as TOOL_OUTCOME_UNKNOWN, the cautious reading."""
+    if output_type not in ("shell_call_output", "apply_patch_call_output", "computer_call_output"):
+        return {"type": output_type, "call_id": call_id, "output": text}, None
+    if not isinstance(text, str):
+        text = json.dumps(text, ensure_ascii=False)
+    not_started = code == sessionlog.TOOL_NOT_STARTED
+    if output_type == "shell_call_output":
+        # No outcome says "not known". An exit code says the commands finished, and a
+        # failing one invites a retry: for a call that may have run, a timeout (started, cut
+        # off, its effects unknown) misleads least. A call that never ran gets exit 1 with
+        # the text in stderr, what the SDK itself answers for a shell call a human rejected.
+        outcome = {"type": "exit", "exit_code": 1} if not_started else {"type": "timeout"}
+        return {"type": output_type, "call_id": call_id,
+                "output": [{"stdout": "", "stderr": text, "outcome": outcome}]}, None
+    if output_type == "apply_patch_call_output":
+        # "failed" for both: the patch was not (known to be) applied; the text says which.
+        return {"type": output_type, "call_id": call_id, "status": "failed", "output": text}, None
+    note = (f"{text} The computer_call_output of call {call_id} holds a 1x1 placeholder image, not a "
+            "screenshot: take a screenshot before acting on the screen.")
+    return ({"type": output_type, "call_id": call_id,
+             "output": {"type": "computer_screenshot", "image_url": _PLACEHOLDER_SCREENSHOT}},
+            {"type": "message", "role": "developer", "content": note})
 
 
 # --- a text written once ---------------------------------------------------------------
