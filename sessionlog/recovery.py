@@ -47,18 +47,27 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .contract import InvalidEvent, SequenceConflict, SessionLogError, events_list, plan_batches
+from .contract import AppendFailed, InvalidEvent, SequenceConflict, SessionLogError, events_list, plan_batches
 from .delivery import LLM_REQUEST, LLM_RESPONSE
 from .events import (
     TOOL_CALL,
     TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
     TOOL_RESULT,
     TURN_END,
     Record,
     ToolCallRequest,
     requested_calls,
 )
-from .transcript import PendingCalls, approval_event, closers, recovery_results, rejected_text
+from .transcript import (
+    PendingCalls,
+    approval_event,
+    closers,
+    recovery_results,
+    rejected_text,
+    synthetic_result,
+    unknown_outcome_text,
+)
 
 _T = TypeVar("_T")
 
@@ -127,6 +136,7 @@ class StepScope:
         if isinstance(last, int):
             self.last_seq = last
         self._thread_lock = threading.Lock()
+        self._running: set[str] = set()  # call ids a tool-call scope of this scope has taken, not yet answered
         self._async_lock: asyncio.Lock | None = None
 
     # -- appending through the scope --------------------------------------------------
@@ -278,8 +288,11 @@ class StepScope:
         return event
 
     def check_pending(self, call: ToolCallRequest) -> None:
-        """Raise :class:`CallNotPending` unless ``call`` is one the assistant asked for
-        that has no result yet and does not await approval: what may run now. A body run
+        """Raise :class:`CallNotPending` unless ``call`` may run now: one the assistant
+        asked for, with no result, not awaiting approval, and not started: no tool-call
+        scope of this scope has taken it, and no ``tool/call`` of it is durable (a body
+        that may have run, before a crash, a cancellation or a failure, is never run
+        again: repair or step recovery answers it ``TOOL_OUTCOME_UNKNOWN``). A body run
         twice would repeat its side effect and give the call two results."""
         found = self.tracker.pending(call.id)
         if found is None:
@@ -288,11 +301,32 @@ class StepScope:
                 "assistant/message the scope knows of asked for it (append the assistant's message "
                 "through the scope, or give the scope a tracker fed with the session); not run"
             )
+        if call.id in self._running:
+            raise CallNotPending(f"call {call.id!r} ({call.name}) is being run in this step already; not run again")
+        if found.call_seq is not None:
+            raise CallNotPending(
+                f"call {call.id!r} ({call.name}) has started: its tool/call is durable (seq {found.call_seq}) "
+                "and it has no result, so its body may have run; it is never run again (the step's recovery "
+                "or a repair of the session answers it TOOL_OUTCOME_UNKNOWN); not run"
+            )
         if found.approval == "requested":
             raise CallNotPending(
                 f"call {call.id!r} ({call.name}) awaits a human's approval (tool/approval 'requested' "
                 f"at seq {found.approval_seq}): approve it first; not run"
             )
+
+    async def answer_unknown(self, call_id: str) -> int | None:
+        """Answer the started call ``call_id`` (its ``tool/call`` durable, no result yet)
+        ``TOOL_OUTCOME_UNKNOWN``, as recovery would: its body was interrupted or failed
+        and may have had effects. Returns the result's seq, or None when the call has a
+        result already or has not started."""
+        found = self.tracker.pending(call_id)
+        if found is None or found.call_seq is None:
+            return None
+        same = sum(1 for c in self.tracker.unanswered() if c.call_id == call_id)
+        turn, step = found.turn, found.step
+        result = synthetic_result(found, turn=turn, step=step, ts=self.clock(), ambiguous=same > 1)
+        return await self.append_async([result])
 
     def tool_call(self, call: ToolCallRequest | Mapping[str, Any], *, errors: str = "result") -> ToolCall:
         """A :class:`ToolCall` scope for one of the assistant's calls (``{"id","name",
@@ -323,9 +357,12 @@ class StepScope:
         is approved. Until then live step recovery and crash repair never answer it and
         leave its step and turn open (the session scans ``suspended``); the runtime may
         stop here and resume later (:meth:`WriteBehind.step` with ``resume=True``).
-        Raises OutsideStep outside a step."""
+        Raises OutsideStep outside a step, and CallNotPending (nothing written) for a
+        call that may not run now (:meth:`check_pending`): approval comes before a call
+        starts."""
         turn, step = self.position("an approval request")
         found = _as_call(call)
+        self.check_pending(found)  # asked for, no result, not started, not awaiting already
         return await self.append_async([approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
 
     def awaiting_approval(self) -> list[str]:
@@ -351,14 +388,22 @@ class StepScope:
     async def reject(self, call_id: str, *, by: str | None = None, reason: str | None = None) -> int:
         """Record that a human rejected the awaiting call ``call_id``: ``tool/approval``
         ``rejected`` and the call's ``tool/result`` (an error the model reads: the call was
-        rejected and did not run, code ``TOOL_NOT_STARTED``), in one durable batch.
-        Raises NotAwaitingApproval."""
+        rejected and did not run, code ``TOOL_NOT_STARTED``; ``TOOL_OUTCOME_UNKNOWN`` with
+        ``call_seq`` when a ``tool/call`` of it is durable all the same), in one durable
+        batch. Raises NotAwaitingApproval."""
         call = self._awaiting(call_id)
-        text = rejected_text(call.name, call_id)
+        if call.call_seq is None:
+            text, code = rejected_text(call.name, call_id), TOOL_NOT_STARTED
+        else:  # its tool/call is durable (written around the scope): it may have run
+            text = (unknown_outcome_text(call.name, call_id, call.call_seq)
+                    + " A human then rejected the call.")
+            code = TOOL_OUTCOME_UNKNOWN
         if reason:
             text += f" Reason given: {reason}"
         result = {"type": TOOL_RESULT, "turn": call.turn, "step": call.step, "call_id": call_id,
-                  "name": call.name, "output": text, "is_error": True, "code": TOOL_NOT_STARTED}
+                  "name": call.name, "output": text, "is_error": True, "code": code}
+        if code == TOOL_OUTCOME_UNKNOWN:
+            result["call_seq"] = call.call_seq
         return await self.append_async([approval_event(call_id, "rejected", turn=call.turn, step=call.step, by=by, reason=reason), result])
 
     def model_request(self, request: str, results: Sequence[str] = ()) -> ModelRequest:
@@ -430,9 +475,11 @@ class NotAwaitingApproval(SessionLogError):
 
 
 class CallNotPending(SessionLogError):
-    """A tool call was to be run that is not owed a result: it already has one, the
-    assistant never asked for it (in the scope's view of the session), or it awaits a
-    human's approval. Nothing was written and the body did not run."""
+    """A tool call was to be run (or paused for approval) that may not run now: it
+    already has a result, the assistant never asked for it (in the scope's view of the
+    session), it awaits a human's approval, or it has started (a tool-call scope of it is
+    open, or its ``tool/call`` is durable: its body may have run). Nothing was written
+    and the body did not run."""
 
 
 class OutsideStep(SessionLogError):
@@ -450,8 +497,9 @@ class ToolOutcome:
     JSON object the model sent) and returns, or is a coroutine returning, either a
     ``str`` (a successful output) or a :class:`ToolOutcome`. Raising an ``Exception``
     means the tool failed: its text becomes an error result (``TOOL_ERROR``) the model can
-    read, unless the runtime asked for ``errors="raise"``. A cancellation propagates and
-    is recorded by step recovery (``TOOL_OUTCOME_UNKNOWN``: the body may have had effects).
+    read, unless the runtime asked for ``errors="raise"``. A cancellation propagates; the
+    call's tool-call scope first records ``TOOL_OUTCOME_UNKNOWN`` (the body may have had
+    effects).
     A tool is only called after its ``tool/call`` is durable, so it must expect that after
     a crash it may be reported as "maybe ran", never silently retried."""
 
@@ -511,9 +559,10 @@ class ToolCall:
     the ``tool/result`` is appended (durable on return; ``tc.outcome`` is what was
     recorded). A body that raises an ``Exception`` is recorded as an error result with
     the exception's text (code ``TOOL_ERROR``) and the exception is suppressed: the step
-    goes on. With ``errors="raise"`` it propagates instead and the step fails (step
-    recovery answers the call ``TOOL_OUTCOME_UNKNOWN``: the body may have done part of
-    its work). A cancellation always propagates. A body that sets no result records an
+    goes on. With ``errors="raise"`` it propagates instead and the step fails; the call
+    is answered ``TOOL_OUTCOME_UNKNOWN`` first (the body may have done part of its work),
+    as it is for a cancellation, which always propagates. The scope takes its call for
+    its whole life: another scope of the same call is refused (:class:`CallNotPending`). A body that sets no result records an
     empty successful output. A result the store refuses as it is (an output over the
     record limit) is recorded as an error result instead, code ``TOOL_OUTPUT_NOT_RECORDED``,
     naming the output's size and the store's reason: the body ran, and the model is told
@@ -535,17 +584,37 @@ class ToolCall:
 
     async def __aenter__(self) -> ToolCall:
         turn, step = self.scope.position("a tool call")
-        self.scope.check_pending(self.call)
-        self.call_seq = await self.scope.append_async(
-            [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": self.call.id, "name": self.call.name}]
-        )
+        scope, call = self.scope, self.call
+        scope.check_pending(call)
+        scope._running.add(call.id)  # taken: a second scope for it is refused until it is answered
+        try:
+            self.call_seq = await scope.append_async(
+                [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": call.id, "name": call.name}]
+            )
+        except AppendFailed as exc:
+            if not exc.outcome_unknown:
+                scope._running.discard(call.id)  # nothing written: the call may run later
+            raise
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        try:
+            return await self._exit(exc)
+        finally:
+            self.scope._running.discard(self.call.id)
+
+    async def _exit(self, exc: BaseException | None) -> bool:
         if exc is None:
             outcome = self._value if self._value is not None else ToolOutcome("")
-        elif _cancellation(exc) or self.errors == "raise" or not isinstance(exc, Exception):
+        elif _cancellation(exc) or self.errors == "raise":
+            if isinstance(exc, (Exception, asyncio.CancelledError)):
+                # The body was interrupted or failed part-way: answered now, as step recovery
+                # would answer it, whether or not the step sees the exception (a runtime may
+                # catch a timeout and go on; a body may end in a cancellation of its own).
+                await self.scope.answer_unknown(self.call.id)
             return False
+        elif not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt, SystemExit: step recovery, or a repair, answers it
         else:
             outcome = error_outcome(exc)
         try:

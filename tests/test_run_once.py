@@ -1,0 +1,256 @@
+"""A tool body runs at most once, and only a body that never ran is called "not started".
+
+The step scope refuses (``CallNotPending``, nothing written) to run a call again once it
+has started: while a scope of it runs, and once its ``tool/call`` is durable without a
+result, whether the first run was cancelled by a timeout the runtime caught, is still
+running in another task, or died with its process before a resume. A body interrupted
+by a cancellation (the caller's, or one of its own) is answered ``TOOL_OUTCOME_UNKNOWN``
+at once by its tool-call scope. Approval is asked only for a call that has not started,
+and a rejection never calls a started call "not started"."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Status
+from sessionlog.projection import FORMATS, check_pairing, project
+from sessionlog.recovery import CallNotPending, StepScope, dispatch_tools
+
+CALL = {"id": "c1", "name": "deploy", "arguments": {"version": "1.2.3"}}
+
+
+def opening(calls: list[dict[str, Any]] = [CALL]) -> list[dict[str, Any]]:  # noqa: B006 - read only
+    return [
+        {"type": "turn/start", "turn": "t1"},
+        {"type": "user/message", "turn": "t1", "content": "deploy"},
+        {"type": "step/start", "turn": "t1", "step": 1},
+        {"type": "assistant/message", "turn": "t1", "step": 1, "content": None, "tool_calls": calls},
+    ]
+
+
+def tools_of(store: sessionlog.EventStore) -> list[tuple[str, str, Any]]:
+    return [(r["type"], r["call_id"], r.get("code")) for r in store.read("s") if r["type"].startswith("tool/")]
+
+
+def assert_paired(store: sessionlog.EventStore) -> None:
+    records = list(store.read("s"))
+    for fmt in FORMATS:
+        assert check_pairing(project(records, fmt).items, fmt) is None
+
+
+def test_a_call_whose_run_timed_out_is_answered_unknown_and_never_run_again(tmp_path: Path) -> None:
+    """A ``wait_for`` timeout cancels the body after its side effect; the runtime catches
+    the timeout and tries the call again: refused, and the first run is on record as
+    ``TOOL_OUTCOME_UNKNOWN`` (with its tool/call's seq), not left for the step's end."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+    runs: list[Any] = []
+
+    async def slow(arguments: Any) -> str:
+        runs.append(arguments)  # the side effect
+        await asyncio.sleep(30)
+        return "deployed"
+
+    async def main() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(step.run_tool(CALL, slow), 0.1)
+            with pytest.raises(CallNotPending):
+                await step.run_tool(CALL, slow)
+            with pytest.raises(CallNotPending):
+                await dispatch_tools(step, [CALL], {"deploy": slow})
+            await step.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"}])
+
+    asyncio.run(main())
+    assert len(runs) == 1
+    assert tools_of(store) == [("tool/call", "c1", None), ("tool/result", "c1", TOOL_OUTCOME_UNKNOWN)]
+    [answer] = [r for r in store.read("s") if r["type"] == "tool/result"]
+    [intent] = [r for r in store.read("s") if r["type"] == "tool/call"]
+    assert answer["call_seq"] == intent.seq and answer["synthetic"] is True
+    assert_paired(store)
+
+
+@pytest.mark.parametrize("how", ["run_tool", "dispatch_tools"])
+def test_a_call_being_run_is_not_run_again_by_another_task(tmp_path: Path, how: str) -> None:
+    """Two tasks run the same call at once (a retry started while the first still runs):
+    the second is refused before anything is written; one body, one result."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+    runs: list[Any] = []
+
+    async def work(arguments: Any) -> str:
+        runs.append(arguments)
+        await asyncio.sleep(0.05)
+        return "done"
+
+    async def main() -> list[Any]:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            if how == "run_tool":
+                first, second = step.run_tool(CALL, work), step.run_tool(CALL, work)
+            else:
+                first, second = (dispatch_tools(step, [CALL], {"deploy": work}),
+                                 dispatch_tools(step, [CALL], {"deploy": work}))
+            return await asyncio.gather(first, second, return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert len(runs) == 1
+    assert sum(isinstance(o, CallNotPending) for o in outcomes) == 1
+    assert tools_of(store) == [("tool/call", "c1", None), ("tool/result", "c1", None)]
+
+
+def test_a_body_that_ends_in_a_cancellation_of_its_own_is_answered_unknown(tmp_path: Path) -> None:
+    """A body awaiting a task that other code cancels ends in CancelledError while the
+    step itself is not cancelled: its call is answered ``TOOL_OUTCOME_UNKNOWN``, the
+    other calls run on, and the session scans clean once the runtime ends the turn."""
+    calls = [CALL, {"id": "c2", "name": "search", "arguments": {}}]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening(calls))
+
+    async def deploy(arguments: Any) -> str:
+        inner = asyncio.ensure_future(asyncio.sleep(30))
+        asyncio.get_running_loop().call_later(0.02, inner.cancel)
+        await inner
+        return "deployed"
+
+    async def search(arguments: Any) -> str:
+        return "found"
+
+    async def main() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            await dispatch_tools(step, calls, {"deploy": deploy, "search": search})
+            await step.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                                     {"type": "turn/end", "turn": "t1", "status": "completed"}])
+
+    asyncio.run(main())
+    assert sorted(tools_of(store)) == [("tool/call", "c1", None), ("tool/call", "c2", None),
+                                       ("tool/result", "c1", TOOL_OUTCOME_UNKNOWN), ("tool/result", "c2", None)]
+    assert store.scan("s").status is Status.CLEAN
+
+
+_KILLED_IN_THE_BODY = """
+import asyncio, json, sys, time
+import sessionlog
+
+store = sessionlog.open_store(sys.argv[1])
+call = json.loads(sys.argv[2])
+
+async def deploy(arguments):
+    with open(sys.argv[3], "a") as effects:
+        effects.write("deployed\\n")
+    sys.stdout.write("ran\\n")
+    sys.stdout.flush()
+    time.sleep(60)  # killed here
+    return "deployed"
+
+async def main():
+    async with store.writer() as w, w.step("s", resume=True) as step:
+        await step.run_tool(call, deploy)
+
+asyncio.run(main())
+"""
+
+
+def test_a_call_started_before_a_crash_is_not_run_again_on_resume(tmp_path: Path) -> None:
+    """A process is killed (SIGKILL) inside the tool body; another resumes the step from
+    the durable log: the call is refused, and repair answers it ``TOOL_OUTCOME_UNKNOWN``."""
+    url = f"jsonl:{tmp_path / 'store'}"
+    effects = tmp_path / "effects"
+    sessionlog.open_store(url).create("s", opening())
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_IN_THE_BODY, url, json.dumps(CALL), str(effects)],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ran"
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    store = sessionlog.open_store(url)
+
+    async def resume() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            with pytest.raises(CallNotPending, match="has started"):
+                await step.run_tool(CALL, lambda arguments: "deployed again")
+            with pytest.raises(CallNotPending):
+                await step.request_approval(CALL)
+
+    asyncio.run(resume())
+    assert effects.read_text() == "deployed\n"
+    assert tools_of(store) == [("tool/call", "c1", None)]  # the refusals wrote nothing
+    assert store.repair("s").status == "repaired"
+    assert tools_of(store) == [("tool/call", "c1", None), ("tool/result", "c1", TOOL_OUTCOME_UNKNOWN)]
+
+
+def test_approval_is_asked_only_for_a_call_that_may_still_run(tmp_path: Path) -> None:
+    """``request_approval`` refuses, writing nothing, a call that has started (its
+    tool-call scope is open), one nobody asked for, one already answered, and one
+    awaiting a human already."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    calls = [CALL, {"id": "c2", "name": "search", "arguments": {}}, {"id": "c3", "name": "read", "arguments": {}}]
+    store.create("s", opening(calls))
+
+    async def main() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            async with step.tool_call(CALL):  # started: its body is running
+                with pytest.raises(CallNotPending):
+                    await step.request_approval(CALL)
+            with pytest.raises(CallNotPending):
+                await step.request_approval({"id": "nobody-asked", "name": "deploy", "arguments": {}})
+            with pytest.raises(CallNotPending):
+                await step.request_approval(CALL)  # answered now
+            await step.request_approval(calls[1])
+            with pytest.raises(CallNotPending):
+                await step.request_approval(calls[1])  # awaiting already
+            assert step.awaiting_approval() == ["c2"]
+
+    asyncio.run(main())
+    assert [(r["type"], r["call_id"], r.get("state")) for r in store.read("s") if r["type"].startswith("tool/")] == [
+        ("tool/call", "c1", None), ("tool/result", "c1", None), ("tool/approval", "c2", "requested")]
+
+
+def test_rejecting_a_call_whose_tool_call_is_durable_never_says_it_did_not_run(tmp_path: Path) -> None:
+    """A log written around the scope holds a call's durable ``tool/call`` and then an
+    approval request for it: rejecting it records ``TOOL_OUTCOME_UNKNOWN`` naming the
+    tool/call, not ``TOOL_NOT_STARTED`` ("never ran"); a call that had not started is
+    rejected ``TOOL_NOT_STARTED`` as before."""
+    calls = [CALL, {"id": "c2", "name": "search", "arguments": {}}]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening(calls) + [
+        {"type": "tool/call", "turn": "t1", "step": 1, "call_id": "c1", "name": "deploy"},
+        {"type": "tool/approval", "turn": "t1", "step": 1, "call_id": "c1", "state": "requested"},
+        {"type": "tool/approval", "turn": "t1", "step": 1, "call_id": "c2", "state": "requested"},
+    ])
+    intent = next(r.seq for r in store.read("s") if r["type"] == "tool/call")
+
+    async def main() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            await step.reject("c1", by="ops", reason="not today")
+            await step.reject("c2", by="ops")
+
+    asyncio.run(main())
+    results = {r["call_id"]: r for r in store.read("s") if r["type"] == "tool/result"}
+    assert results["c1"]["code"] == TOOL_OUTCOME_UNKNOWN and results["c1"]["call_seq"] == intent
+    assert "not today" in results["c1"]["output"]
+    assert results["c2"]["code"] == TOOL_NOT_STARTED
+
+
+def test_a_scope_without_a_writer_refuses_a_started_call_too(tmp_path: Path) -> None:
+    """The same rule on a plain session handle's scope (``StepScope``), fed with the log."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening() + [{"type": "tool/call", "turn": "t1", "step": 1, "call_id": "c1",
+                                    "name": "deploy"}])
+    from sessionlog.transcript import PendingCalls
+
+    async def main() -> None:
+        with store.session("s") as handle:
+            scope = StepScope(handle, tracker=PendingCalls().feed_all(store.read("s")))
+            with pytest.raises(CallNotPending, match="has started"):
+                await scope.run_tool(CALL, lambda arguments: "again")
+
+    asyncio.run(main())
+    assert tools_of(store) == [("tool/call", "c1", None)]
