@@ -591,9 +591,11 @@ class ToolCall:
             self.call_seq = await scope.append_async(
                 [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": call.id, "name": call.name}]
             )
-        except AppendFailed as exc:
-            if not exc.outcome_unknown:
-                scope._running.discard(call.id)  # nothing written: the call may run later
+        except BaseException as exc:
+            if not (isinstance(exc, AppendFailed) and exc.outcome_unknown):
+                # Not written (or written, and then the tracker knows its tool/call): the
+                # scope no longer holds the call; an outcome unknown keeps it refused.
+                scope._running.discard(call.id)
             raise
         return self
 
