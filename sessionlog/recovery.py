@@ -613,7 +613,10 @@ class ToolCall:
                 # The body was interrupted or failed part-way: answered now, as step recovery
                 # would answer it, whether or not the step sees the exception (a runtime may
                 # catch a timeout and go on; a body may end in a cancellation of its own).
-                await self.scope.answer_unknown(self.call.id)
+                try:
+                    await self.scope.answer_unknown(self.call.id)
+                except BaseException as failure:  # noqa: BLE001 - the original propagates, as it is
+                    _attach(exc, failure)  # step recovery tries again; else a repair answers it
             return False
         elif not isinstance(exc, Exception):
             return False  # KeyboardInterrupt, SystemExit: step recovery, or a repair, answers it

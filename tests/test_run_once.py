@@ -254,3 +254,42 @@ def test_a_scope_without_a_writer_refuses_a_started_call_too(tmp_path: Path) -> 
 
     asyncio.run(main())
     assert tools_of(store) == [("tool/call", "c1", None)]
+
+
+def test_a_cancelled_body_whose_answer_cannot_be_written_still_raises_its_cancellation(tmp_path: Path) -> None:
+    """The answer to a cancelled body fails to write (the disk fails): the cancellation is
+    what propagates, not the write's error, which is noted on it; the call stays refused
+    (its tool/call is durable), and a repair answers it later."""
+    from sessionlog.durable import FileSystem
+
+    class FailingSync(FileSystem):
+        armed = False
+
+        def fdatasync(self, fd: int) -> None:
+            if FailingSync.armed:
+                raise OSError(5, "Input/output error")
+            super().fdatasync(fd)
+
+    store = sessionlog.open_store(f"jsonl:{tmp_path}", fs=FailingSync())
+    store.create("s", opening())
+
+    async def slow(arguments: Any) -> str:
+        FailingSync.armed = True  # the tool/call is durable; what comes next is not
+        await asyncio.sleep(30)
+        return "deployed"
+
+    async def main() -> None:
+        with store.session("s") as handle:
+            from sessionlog.transcript import PendingCalls
+
+            scope = StepScope(handle, tracker=PendingCalls().feed_all(store.read("s")))
+            with pytest.raises(TimeoutError) as raised:
+                await asyncio.wait_for(scope.run_tool(CALL, slow), 0.1)
+            assert any("could not record" in note for note in getattr(raised.value.__context__, "__notes__", [])
+                       + getattr(raised.value, "__notes__", []))
+
+    asyncio.run(main())
+    FailingSync.armed = False
+    assert tools_of(store) == [("tool/call", "c1", None)]
+    assert store.repair("s").status == "repaired"
+    assert tools_of(store) == [("tool/call", "c1", None), ("tool/result", "c1", TOOL_OUTCOME_UNKNOWN)]
