@@ -14,7 +14,6 @@ import asyncio
 import base64
 import collections.abc
 import io
-import json
 import types
 import typing
 from dataclasses import dataclass
@@ -35,12 +34,12 @@ from test_openai_agents_tools import (  # noqa: E402
     assert_each_output_once,
     every_kind_agent,
     every_kind_of_call,
+    resume_every_kind,
     output_ids,
     reference_run,
 )
 
 import sessionlog  # noqa: E402
-from sessionlog.integrations.openai_agents import SessionLogSession  # noqa: E402
 
 UNKNOWN, NOT_STARTED = sessionlog.TOOL_OUTCOME_UNKNOWN, sessionlog.TOOL_NOT_STARTED
 
@@ -213,17 +212,7 @@ def repaired(tmp_path_factory: pytest.TempPathFactory) -> Any:
         (base / "crashed").mkdir()
         (base / "crashed" / "s.jsonl").write_bytes(crashed_log(base / "store", code))
         with sessionlog.open_store(f"jsonl:{base / 'crashed'}") as store:
-            async def resume() -> tuple[list[Any], list[Any], list[Any]]:
-                model = ScriptedModel([[assistant_message("checked", item_id="m9")]])
-                async with SessionLogSession("s", store=store) as session:
-                    items = await session.get_items()
-                    await Runner.run(every_kind_agent(model), "what happened?", session=session,
-                                     hooks=session.run_hooks())
-                    sent = json.loads(json.dumps(model.calls[0].input))
-                async with SessionLogSession("s", store=store) as session:
-                    return items, sent, await session.get_items()
-
-            items, sent, reopened = asyncio.run(resume())
+            items, sent, reopened = asyncio.run(resume_every_kind(store))
             records = [dict(r) for r in store.read("s")]
             assert_each_output_once(store, reopened, [f"{kind}1" for kind in KINDS])
         kinds = KINDS if code == NOT_STARTED else ["cu", "ls", "sh", "ap"]

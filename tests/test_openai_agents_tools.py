@@ -188,6 +188,19 @@ def every_kind_agent(model: ScriptedModel, *, approvals: bool = False) -> Agent[
         CustomTool(name="grep", description="Search.", on_invoke_tool=grep), deploy])
 
 
+async def resume_every_kind(store: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """Open the session a crash left in ``store`` and run one more turn with every tool
+    kind: the items the reopened session held, the input the model was sent, the items
+    after the turn."""
+    model = ScriptedModel([[assistant_message("checked", item_id="m9")]])
+    async with SessionLogSession("s", store=store) as session:
+        items = await session.get_items()
+        await Runner.run(every_kind_agent(model), "what happened?", session=session, hooks=session.run_hooks())
+        sent = json.loads(json.dumps(model.calls[0].input))
+    async with SessionLogSession("s", store=store) as session:
+        return items, sent, await session.get_items()
+
+
 def two_turns() -> list[Any]:
     return [every_kind_of_call(1), [assistant_message("done", item_id="m1")],
             every_kind_of_call(2), [assistant_message("again", item_id="m2")]]
@@ -354,15 +367,7 @@ def test_a_kill_between_the_hooks_and_the_saved_turn_answers_every_call_once(tmp
     (crashed / "s.jsonl").write_bytes(before_tools_saved)
 
     with sessionlog.open_store(f"jsonl:{crashed}") as reopened:
-        async def resume() -> tuple[list[Any], list[Any], list[Any]]:
-            model = ScriptedModel([[assistant_message("checked", item_id="m9")]])
-            async with SessionLogSession("s", store=reopened) as session:
-                items = await session.get_items()
-                await Runner.run(every_kind_agent(model), "what happened?", session=session,
-                                 hooks=session.run_hooks())
-                return items, json.loads(json.dumps(model.calls[0].input)), await session.get_items()
-
-        items, sent, after = asyncio.run(resume())
+        items, sent, after = asyncio.run(resume_every_kind(reopened))
         outputs = {i["call_id"]: i for i in items if str(i.get("type", "")).endswith("_output")}
         assert sorted(output_ids(items)) == sorted(calls)
         # The hooks made the function and custom tools' outputs durable: kept as they were.
