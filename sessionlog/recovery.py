@@ -363,7 +363,12 @@ class StepScope:
         turn, step = self.position("an approval request")
         found = _as_call(call)
         self.check_pending(found)  # asked for, no result, not started, not awaiting already
-        return await self.append_async([approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
+        self._running.add(found.id)  # no tool-call scope may start it while the request is written
+        try:
+            return await self.append_async(
+                [approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
+        finally:
+            self._running.discard(found.id)
 
     def awaiting_approval(self) -> list[str]:
         """The call ids whose latest ``tool/approval`` is ``requested``, in log order."""
@@ -592,12 +597,24 @@ class ToolCall:
                 [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": call.id, "name": call.name}]
             )
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                # Cancelled while the intent was written: if it is durable, the body will not
+                # run now but the call is started; it is answered as a repair would answer it.
+                await self._answer_started(exc)
             if not (isinstance(exc, AppendFailed) and exc.outcome_unknown):
                 # Not written (or written, and then the tracker knows its tool/call): the
                 # scope no longer holds the call; an outcome unknown keeps it refused.
                 scope._running.discard(call.id)
             raise
         return self
+
+    async def _answer_started(self, exc: BaseException) -> None:
+        """Answer the call ``TOOL_OUTCOME_UNKNOWN`` if it started and has no result, as
+        ``exc`` (the original failure, which propagates) leaves the scope."""
+        try:
+            await self.scope.answer_unknown(self.call.id)
+        except BaseException as failure:  # noqa: BLE001 - the original propagates, as it is
+            _attach(exc, failure)  # step recovery tries again; else a repair answers it
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         try:
@@ -613,21 +630,35 @@ class ToolCall:
                 # The body was interrupted or failed part-way: answered now, as step recovery
                 # would answer it, whether or not the step sees the exception (a runtime may
                 # catch a timeout and go on; a body may end in a cancellation of its own).
-                try:
-                    await self.scope.answer_unknown(self.call.id)
-                except BaseException as failure:  # noqa: BLE001 - the original propagates, as it is
-                    _attach(exc, failure)  # step recovery tries again; else a repair answers it
+                await self._answer_started(exc)
             return False
         elif not isinstance(exc, Exception):
             return False  # KeyboardInterrupt, SystemExit: step recovery, or a repair, answers it
         else:
             outcome = error_outcome(exc)
+        if self.scope.tracker.pending(self.call.id) is None:
+            return exc is not None  # answered meanwhile (around this scope): never a second result
         try:
             await self.scope.append_async([self.scope.result_event(self.call, outcome)])
-        except InvalidEvent as refused:
-            # Nothing was written, and the body has run: say so, with what is known of its output.
+        except (InvalidEvent, asyncio.CancelledError) as failed:
+            refused = failed if isinstance(failed, InvalidEvent) else failed.__cause__
+            if not isinstance(refused, InvalidEvent):
+                # Cancelled while the result was written: it is durable (the append runs to
+                # completion), or it failed and the call is answered as a failed body is.
+                await self._answer_started(failed)
+                raise
+            # Nothing was written, and the body has run: say so, with what is known of its
+            # output (a cancellation that came meanwhile goes on once that is durable).
             outcome = unrecorded_outcome(outcome, refused)
-            await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+            try:
+                await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+            except BaseException as again:
+                if failed is refused:
+                    raise
+                _attach(failed, again)
+            if failed is not refused:
+                self.outcome = outcome
+                raise failed from None
         self.outcome = outcome
         return exc is not None
 

@@ -293,3 +293,91 @@ def test_a_cancelled_body_whose_answer_cannot_be_written_still_raises_its_cancel
     assert tools_of(store) == [("tool/call", "c1", None)]
     assert store.repair("s").status == "repaired"
     assert tools_of(store) == [("tool/call", "c1", None), ("tool/result", "c1", TOOL_OUTCOME_UNKNOWN)]
+
+
+class SlowAppends:
+    """A session handle whose appends take a while (an async ``append``, as the
+    :class:`~sessionlog.recovery.Appender` protocol allows): a cancellation can land while
+    one is in flight. The append itself runs to completion."""
+
+    def __init__(self, handle: Any, delay: float) -> None:
+        self.handle, self.delay = handle, delay
+        self.store = handle.store
+
+    @property
+    def last_seq(self) -> int:
+        return self.handle.last_seq
+
+    async def append(self, events: Any, *, expect_seq: int | None = None) -> int:
+        await asyncio.sleep(self.delay)
+        return self.handle.append(events, expect_seq=expect_seq)
+
+
+def _scope_over(store: sessionlog.EventStore, handle: Any) -> StepScope:
+    from sessionlog.transcript import PendingCalls
+
+    return StepScope(handle, tracker=PendingCalls().feed_all(store.read("s")))
+
+
+@pytest.mark.parametrize("output", ["done", "x" * (2 << 20)], ids=["returned", "over the record limit"])
+@pytest.mark.parametrize("timeout", [0.05, 0.15], ids=["during the tool/call", "during the tool/result"])
+def test_a_timeout_during_the_scopes_own_writes_leaves_no_call_unanswered(
+    tmp_path: Path, timeout: float, output: str
+) -> None:
+    """A ``wait_for`` timeout that the runtime catches lands while the tool-call scope
+    writes the intent (the body then never runs) or the result (the body ran; its output
+    may be one the store refuses): the call is answered all the same, once, and the step
+    ends clean: TOOL_OUTCOME_UNKNOWN when only the intent is durable, the real result or
+    TOOL_OUTPUT_NOT_RECORDED when the body ran to its end."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+    runs: list[Any] = []
+
+    async def body(arguments: Any) -> str:
+        runs.append(arguments)
+        return output
+
+    async def main() -> None:
+        with store.session("s") as handle:
+            scope = _scope_over(store, SlowAppends(handle, 0.1))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(scope.run_tool(CALL, body), timeout)
+            await asyncio.sleep(0.3)  # what the scope was writing has landed
+            with pytest.raises(CallNotPending):
+                await scope.run_tool(CALL, body)
+            await scope.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                                      {"type": "turn/end", "turn": "t1", "status": "completed"}])
+
+    asyncio.run(main())
+    codes = [code for kind, _, code in tools_of(store) if kind == "tool/result"]
+    if timeout < 0.1:
+        assert runs == [] and codes == [TOOL_OUTCOME_UNKNOWN]
+    else:
+        assert len(runs) == 1 and codes == [None if output == "done" else "TOOL_OUTPUT_NOT_RECORDED"]
+    assert store.scan("s").status is Status.CLEAN
+
+
+def test_a_call_whose_approval_is_being_requested_does_not_start(tmp_path: Path) -> None:
+    """``request_approval`` and ``run_tool`` of one call at once: the one that comes second
+    is refused while the approval request is written, so the body never runs behind a
+    pending approval and the call never gets two results."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+    runs: list[Any] = []
+
+    async def body(arguments: Any) -> str:
+        runs.append(arguments)
+        return "done"
+
+    async def main() -> list[Any]:
+        with store.session("s") as handle:
+            scope = _scope_over(store, SlowAppends(handle, 0.05))
+            return await asyncio.gather(scope.request_approval(CALL), scope.run_tool(CALL, body),
+                                        return_exceptions=True)
+
+    approval, run = asyncio.run(main())
+    assert isinstance(approval, int) and isinstance(run, CallNotPending)
+    assert runs == []
+    assert [(r["type"], r.get("state")) for r in store.read("s") if r["type"].startswith("tool/")] == [
+        ("tool/approval", "requested")]
+    assert store.scan("s").status is Status.SUSPENDED
