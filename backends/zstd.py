@@ -39,7 +39,6 @@ from sessionlog.contract import (
 from sessionlog.durable import (
     O_NOFOLLOW,
     OS,
-    FileLock,
     FileSystem,
     fsync_dir,
     log_fence,
@@ -376,14 +375,11 @@ class ZstdStore(FileStore):
         frame_bytes = min(frame_bytes or self.limits.batch_limit, self.framing.frame_limits.content)
         path = self.path_of(session_id)
         report = CompactReport(session_id, path, "unchanged")
-        lock = FileLock(self.fs, self.lock_path_of(session_id))
         try:
-            lock.acquire(0.0)
+            lock = self.take_lock(session_id, 0.0)  # SessionNotFound first: no lock file for a missing log
         except SessionLocked as exc:
             report.status, report.reason = "locked", str(exc)
             return report
-        except OSError as exc:
-            raise IOFailure(f"{lock.path}: taking the lock failed: {exc.strerror or exc}") from exc
         try:
             return self._compact_locked(session_id, report, frame_bytes, level, progress)
         finally:

@@ -436,8 +436,9 @@ class FrameScan:
     unit: an EOF-interrupted frame is ``torn`` (``in-flight`` when ``owned``); a frame
     that fails decompression or its checksum, or whose content is not whole records, is
     ``corrupt`` — ``mid-log`` when verified frames with decodable records follow it; a
-    NUL run at the stable offset is ``zero-fill`` when whatever decodes after it lies
-    within ``batch_limit`` bytes, else ``mid-log``; a whole frame whose records decode
+    NUL run at the stable offset is ``zero-fill`` when nothing decodes after it (a frame
+    is one append, begun after the one before it was durable: a verified frame after the
+    NULs is a later append), else ``mid-log``; a whole frame whose records decode
     with the wrong seq is ``seq-break``. A frame declaring sizes over the limits is a bad
     frame like any other (a flipped bit in a size field), read no further than its
     headers; only the first frame over the limits is an error (CorruptLog): no reader
