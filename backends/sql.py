@@ -1070,15 +1070,21 @@ class SqlStore:
                         raise SessionNotFound(f"{where}: no such session")
                     raise CorruptLog(f"{where}: not a session log: it has no rows", path=where, offset=0)
                 for seq_col, raw in chunk:
-                    if len(stored_bytes(raw)) > limit:
-                        raise CorruptLog(
-                            f"{where}: the record in row seq {seq_col} is over the record limit of {limit} bytes",
-                            path=where, offset=expected - 1,
-                        )
+                    record: Record | None = None
                     try:
-                        record: Record | None = decode_row(raw)
+                        data = row_bytes(raw)  # a row that holds no bytes is damage, whatever its size
                     except RecordError:
-                        record = None
+                        pass
+                    else:
+                        if len(data) > limit:
+                            raise CorruptLog(
+                                f"{where}: the record in row seq {seq_col} is over the record limit of {limit} "
+                                "bytes", path=where, offset=expected - 1,
+                            )
+                        try:
+                            record = decode_row(data)
+                        except RecordError:
+                            pass
                     if record is None or record.seq != expected or seq_col != expected:
                         if expected == 1:
                             why = "does not decode" if record is None else f"is seq {seq_col}"

@@ -573,6 +573,7 @@ def test_garbage_row_before_good_rows_is_mid_log(store: SqlStore, sql_url: str) 
         ("CAST(x'ff7b7d' AS TEXT)", "TEXT"),  # TEXT that is not UTF-8: the driver cannot decode it as a str
         ("42", "INTEGER"),
         ("4.5", "REAL"),
+        ("CAST(zeroblob(1100000) AS TEXT) || 'x'", "TEXT"),  # over the record limit too: still damage at its row
     ],
 )
 def test_a_row_whose_record_is_not_a_blob_is_damage_at_that_row(tmp_path: Path, value: str, kind: str) -> None:
