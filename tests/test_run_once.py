@@ -381,3 +381,81 @@ def test_a_call_whose_approval_is_being_requested_does_not_start(tmp_path: Path)
     assert [(r["type"], r.get("state")) for r in store.read("s") if r["type"].startswith("tool/")] == [
         ("tool/approval", "requested")]
     assert store.scan("s").status is Status.SUSPENDED
+
+
+# --- any cancellation point -------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+EXAMPLES = 60 if __import__("os").environ.get("SESSIONLOG_SLOW") else 12
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 3),
+    delay=st.sampled_from([0.0, 0.002, 0.01]),
+    bodies=st.lists(st.sampled_from(["quick", "slow", "raises", "cancels itself", "huge"]), min_size=3, max_size=3),
+    timeout=st.floats(0.0, 0.06),
+    errors=st.sampled_from(["result", "raise"]),
+)
+def test_a_timeout_anywhere_in_a_dispatch_runs_each_body_at_most_once_and_answers_each_call_once(
+    tmp_path_factory: pytest.TempPathFactory, n: int, delay: float, bodies: list[str], timeout: float, errors: str
+) -> None:
+    """A runtime dispatches a step's calls under a timeout it catches, at whatever point
+    the timeout lands (in an append, a body, between calls), then tries every call again
+    and ends the step: each body ran at most once, a retry ran none that had started, every
+    call has exactly one result, a TOOL_OUTCOME_UNKNOWN only where its tool/call is durable,
+    and the session scans clean."""
+    calls = [{"id": f"c{i}", "name": bodies[i], "arguments": {}} for i in range(n)]
+    store = sessionlog.open_store(f"jsonl:{tmp_path_factory.mktemp('s')}")
+    store.create("s", opening(calls))
+    runs: list[str] = []
+
+    def tool(kind: str) -> Any:
+        async def body(arguments: Any) -> str:
+            runs.append(kind)
+            if kind == "slow":
+                await asyncio.sleep(0.02)
+            elif kind == "raises":
+                raise RuntimeError("the tool failed")
+            elif kind == "cancels itself":
+                inner = asyncio.ensure_future(asyncio.sleep(1))
+                asyncio.get_running_loop().call_later(0.005, inner.cancel)
+                await inner
+            elif kind == "huge":
+                return "x" * (2 << 20)
+            return "done"
+        return body
+
+    tools = {kind: tool(kind) for kind in ("quick", "slow", "raises", "cancels itself", "huge")}
+
+    async def main() -> None:
+        with store.session("s") as handle:
+            scope = _scope_over(store, SlowAppends(handle, delay))
+            try:
+                await asyncio.wait_for(dispatch_tools(scope, calls, tools, errors=errors), timeout)
+            except (TimeoutError, RuntimeError):
+                pass
+            await asyncio.sleep(0.1)  # what was being written has landed
+            for call in calls:  # the retry: only a call that never started may run
+                try:
+                    await scope.run_tool(call, tools[call["name"]])
+                except (CallNotPending, RuntimeError, asyncio.CancelledError):
+                    pass  # (a body's own cancellation propagates, its call answered)
+            await scope.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                                      {"type": "turn/end", "turn": "t1", "status": "completed"}])
+
+    asyncio.run(main())
+    records = list(store.read("s"))
+    for call in calls:
+        cid = call["id"]
+        intents = [r for r in records if r["type"] == "tool/call" and r["call_id"] == cid]
+        answers = [r for r in records if r["type"] == "tool/result" and r["call_id"] == cid]
+        assert len(intents) <= 1 and len(answers) == 1, (cid, records)
+        if answers[0].get("code") == TOOL_OUTCOME_UNKNOWN:
+            assert intents and answers[0]["call_seq"] == intents[0].seq
+        else:
+            assert intents and intents[0].seq < answers[0].seq  # a real answer: the intent came first
+    assert len(runs) <= n and all(runs.count(k) <= bodies[:n].count(k) for k in set(runs))
+    assert store.scan("s").status is Status.CLEAN
