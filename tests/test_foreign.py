@@ -1098,3 +1098,98 @@ def test_codex_a_call_repeated_in_a_compacted_history_is_removed_from_it():
     history = json.loads(raw_lines(exam.repaired())[at])["payload"]["replacement_history"]
     assert [i.get("call_id") for i in history if i.get("call_id") == "call_Z9"] == ["call_Z9", "call_Z9"]  # call, output
     assert check_pairing(fmt.native_items(split_lines(exam.repaired())), "responses") is None
+
+
+# --- Claude Code: sibling branches of results ---------------------------------------------
+
+
+def _show_check(fmt: foreign.ForeignFormat, lines) -> str | None:
+    """What ``show --check`` says of ``lines`` (the repaired view, so the file as repair
+    leaves it): the first violation over every view format and the tool's own
+    conversation, or None."""
+    for view in FORMATS:
+        violation = check_pairing(project(fmt.events(lines), view).items, view)
+        if violation is not None:
+            return f"{view}: {violation.message}"
+    violation = check_pairing(fmt.native_items(lines), fmt.native_view)
+    return None if violation is None else f"native: {violation.message}"
+
+
+def check_scan_repair_and_show_agree(data: bytes) -> foreign.Examination:
+    """Scan calls the file clean only when the conversation show builds from it passes
+    the check in every format; after repair, scan is clean and show --check passes; a
+    second repair changes no byte."""
+    fmt = foreign.get("claude-code")
+    exam = foreign.examine(data, fmt)
+    if exam.status() is Status.CLEAN:
+        assert _show_check(fmt, exam.lines) is None
+    assert exam.status() in (Status.CLEAN, Status.REPAIRABLE), [f.detail for f in exam.findings]
+    check_repair(fmt, data, force=False)
+    after = exam.repaired()
+    again = foreign.examine(after, fmt)
+    assert again.status() is Status.CLEAN, [f.detail for f in again.findings]
+    assert _show_check(fmt, again.lines) is None
+    assert again.repaired() == after
+    return exam
+
+
+def test_claude_a_sibling_repeating_a_result_on_the_resumed_branch_leaves_a_call_to_answer():
+    """Entry 3 answers toolu_A and toolu_B; entry 4, its sibling (also below the
+    assistant entry), repeats toolu_A's result, and the conversation goes on from entry 4.
+    Claude Code resumes 1-2-4-5-6: entry 3 is on a branch it leaves, and joining it would
+    repeat toolu_A, so toolu_B has no result there. Scan used to call the file clean (each
+    branch pairs on its own) while show --check rejected it; now scan finds toolu_B
+    unanswered on the resumed branch and repair answers it there, TOOL_OUTCOME_UNKNOWN
+    (line 3 shows it ran), after entry 4, entry 5 re-parented to the answer."""
+    fmt = foreign.get("claude-code")
+    data = b"".join([
+        _cc(1, None, "user", "go"),
+        _cc(2, 1, "assistant", _uses("toolu_A", "toolu_B")),
+        _cc(3, 2, "user", [_tr("toolu_A"), _tr("toolu_B")]),
+        _cc(4, 2, "user", [_tr("toolu_A")]),
+        _cc(5, 4, "user", "next"),
+        _cc(6, 5, "assistant", [_text("done")], mid="msg_N"),
+    ])
+    assert _show_check(fmt, split_lines(data)) is not None  # the conversation Claude Code resumes
+    exam = check_scan_repair_and_show_agree(data)
+    assert exam.status() is Status.REPAIRABLE
+    [finding] = exam.findings
+    assert (finding.kind, finding.line, finding.call_id, finding.code) == (
+        "unanswered-call", 2, "toolu_B", "TOOL_OUTCOME_UNKNOWN")
+    assert "line 3" in finding.detail
+    after = entries(exam.repaired())
+    assert [e["uuid"] for e in after[:4]] == [e["uuid"] for e in entries(data)[:4]]
+    answer = after[4]
+    assert answer["parentUuid"] == after[3]["uuid"] and after[5]["parentUuid"] == answer["uuid"]
+    [block] = answer["message"]["content"]
+    assert block["tool_use_id"] == "toolu_B" and block["content"].startswith("TOOL_OUTCOME_UNKNOWN: ")
+    assert raw_lines(exam.repaired())[:4] == raw_lines(data)[:4]  # every other line byte for byte
+    assert raw_lines(exam.repaired())[6:] == raw_lines(data)[5:]
+
+
+SIBLING_CASES = {
+    # The conversation goes on from a results entry (line 6) whose sibling (line 3) holds
+    # the other answer and text: re-chaining them used to bring the branch below line 3
+    # (line 4, 5) into the resumed conversation, repeating toolu_2A.
+    "a-sibling-with-text-and-a-branch-below": [
+        (2, 1, "assistant", _uses("toolu_2A", "toolu_2B")), (3, 2, "user", [_tr("toolu_2B"), _text("see"), _tr("toolu_Z")]),
+        (4, 3, "user", [_tr("toolu_2A")]), (5, 4, "assistant", [_text("ok")]), (6, 2, "user", [_tr("toolu_2A")])],
+    # An orphan on the resumed branch, the call's answer on a dead sibling: the answer for
+    # toolu_2B went below the dead sibling, and the re-chain emptied line 4.
+    "an-orphan-on-the-resumed-branch-and-an-answer-off-it": [
+        (2, 1, "assistant", _uses("toolu_2A", "toolu_2B")), (3, 2, "user", [_tr("toolu_2A")]),
+        (4, 2, "user", [_tr("toolu_Z")]), (5, 4, "user", [_tr("toolu_2A")])],
+    # One response over three entries, the last two siblings (a fork inside the response):
+    # one answer entry per branch, for the calls asked on its way.
+    "a-response-split-by-a-fork": [
+        (2, 1, "assistant", _uses("toolu_3A")), (3, 2, "assistant", _uses("toolu_4A")),
+        (4, 2, "assistant", _uses("toolu_12A"))],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIBLING_CASES))
+def test_claude_sibling_branches_scan_repair_and_show_agree(name):
+    data = b"".join([_cc(1, None, "user", "go"), *(
+        _cc(n, parent, kind, content, mid="msg_M" if kind == "assistant" and n != 5 else "msg_5")
+        for n, parent, kind, content in SIBLING_CASES[name])])
+    check_scan_repair_and_show_agree(data)

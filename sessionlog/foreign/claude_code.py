@@ -251,6 +251,35 @@ def _answered_above(tree: _Tree, index: int, owner: int | None, memo: dict[int, 
     return set()
 
 
+def _branches(tree: _Tree, group: _Group, calls: list[str], resumed: set[int]) -> list[tuple[int, list[str]]]:
+    """Where the unanswered ``calls`` of ``group`` are answered: its last entries (those
+    no other entry of it is chained below), each with the calls asked on its way from the
+    first, each call once; the one on the resumed chain first, then the rest newest first.
+    A response split by a fork has several; any other, one: its newest entry."""
+    if not calls:
+        return []
+    members = set(group.entries)
+    above: dict[int, set[int]] = {}
+    for entry in group.entries:
+        seen: set[int] = set()
+        cur = tree.parent(entry)
+        while cur is not None and cur not in seen:
+            seen.add(cur)
+            cur = tree.parent(cur)
+        above[entry] = seen & members
+    inner = set().union(*above.values())
+    lasts = sorted((e for e in group.entries if e not in inner), key=lambda e: (e in resumed, e), reverse=True)
+    found: list[tuple[int, list[str]]] = []
+    left = list(calls)
+    for last in lasts:
+        path = above[last] | {last}
+        here = [c for c in left if any(c in _uses_of(tree.obj(e)) for e in path)]
+        if here:
+            found.append((last, here))
+            left = [c for c in left if c not in here]
+    return found
+
+
 def _evidence(lines: list[Line], asking: set[int], results: set[int]) -> dict[str, str]:
     """call id -> where the file shows that the call started."""
     found: dict[str, str] = {}
@@ -361,6 +390,9 @@ class ClaudeCode:
 
     def analyze(self, lines: list[Line], lost: Sequence[Line] = ()) -> Analysis:
         analysis = self._analyze_links(lines, lost)
+        for _ in range(len(lines) + 2):  # each round mends one thing more, or none: done
+            if not self._resumed_pairing(lines, analysis):
+                break
         self._results_first(lines, analysis)
         return analysis
 
@@ -506,35 +538,42 @@ class ClaudeCode:
             return bool(blocks) and all(isinstance(b, Mapping) and b.get("type") == "tool_result"
                                         and p not in bad_at.get(index, ()) for p, b in enumerate(blocks))
 
+        resumed = set(self._chain(tree))
         for group in groups:
             missing = [u for u in group.uses if u not in group.answered]
-            if not missing:
-                continue
-            point = max(group.entries)
-            while True:
-                uid = tree.obj(point).get("uuid")
-                kids = [k for k in tree.children.get(str(uid), ())
-                        if k in results and only_results(k) and tree.group(tree.owner(k)) is group]
-                if not kids:
-                    break
-                point = kids[-1]
-            asker = tree.obj(max(group.entries))
-            parent = str(tree.obj(point).get("uuid"))
-            calls = [(u, group.names[u], evidence.get(u)) for u in missing]
-            entry = _answer_entry(asker, parent, calls)
-            plan.insert(point, encode_entry(entry))
-            inserted.add(entry["uuid"])
-            for kid in tree.children.get(parent, ()):
-                new_parent[kid] = entry["uuid"]
-            for cid, name, ev in calls:
-                code = answer_code(ev)
-                analysis.unanswered.append(cid)
-                analysis.findings.append(Finding(
-                    UNANSWERED_CALL, lines[min(i for i in group.entries if cid in _uses_of(tree.obj(i)))].number,
-                    f"tool_use {cid} ({name}) has no tool_result; repair answers it {code}"
-                    + (f" ({ev})" if ev else ""), call_id=cid, code=code))
-                plan.added.append({"type": "tool_result", "call_id": cid, "code": code,
-                                   "after_line": lines[point].number})
+            # One answer entry per branch of the response: below each of its last entries
+            # (one unless a fork split the response), for the calls asked on the way to it,
+            # the branch resume continues first.
+            for last, calls_here in _branches(tree, group, missing, resumed):
+                point = last
+                while True:
+                    uid = tree.obj(point).get("uuid")
+                    kids = [k for k in tree.children.get(str(uid), ())
+                            if k in results and only_results(k) and tree.group(tree.owner(k)) is group]
+                    # On the resumed chain, the answer stays on it: the message resume sends
+                    # is the one it must complete.
+                    if point in resumed:
+                        kids = [k for k in kids if k in resumed]
+                    if not kids:
+                        break
+                    point = kids[-1]
+                asker = tree.obj(last)
+                parent = str(tree.obj(point).get("uuid"))
+                calls = [(u, group.names[u], evidence.get(u)) for u in calls_here]
+                entry = _answer_entry(asker, parent, calls)
+                plan.insert(point, encode_entry(entry))
+                inserted.add(entry["uuid"])
+                for kid in tree.children.get(parent, ()):
+                    new_parent[kid] = entry["uuid"]
+                for cid, name, ev in calls:
+                    code = answer_code(ev)
+                    analysis.unanswered.append(cid)
+                    analysis.findings.append(Finding(
+                        UNANSWERED_CALL, lines[min(i for i in group.entries if cid in _uses_of(tree.obj(i)))].number,
+                        f"tool_use {cid} ({name}) has no tool_result; repair answers it {code}"
+                        + (f" ({ev})" if ev else ""), call_id=cid, code=code))
+                    plan.added.append({"type": "tool_result", "call_id": cid, "code": code,
+                                       "after_line": lines[point].number})
         orphans = bad_at
         for index, position, rid, kind in bad:
             analysis.orphans.append(rid)
@@ -555,7 +594,6 @@ class ClaudeCode:
                 plan.replace[index] = with_members(lines[index], changes)
             else:
                 plan.replace[index] = _reparented(lines[index], new_parent[index])
-        resumed = set(self._chain(tree))
         for index in tree.entries:
             parent = new_parent.get(index, tree.obj(index).get("parentUuid", _MISSING))
             if parent is None or (isinstance(parent, str) and (parent in tree.by_uuid or parent in inserted)) \
@@ -568,6 +606,114 @@ class ClaudeCode:
             analysis.findings.append(Finding(BROKEN_CHAIN, lines[index].number, f"{what}: {where}",
                                              repairable=False))
         return analysis
+
+    def _resumed_pairing(self, lines: list[Line], analysis: Analysis) -> bool:
+        """Add to ``analysis`` one edit the conversation Claude Code resumes still needs
+        once the plan so far is done, judged with the very turns :meth:`native_items`
+        reads; False when it needs none.
+
+        The rest of the analysis pairs results with calls branch by branch over the whole
+        tree, where each branch may pair on its own; resume follows one branch and joins to
+        each results message only the results that branched off it without repeating an
+        answer it holds (:meth:`_turns`). So a sibling that repeats one result of an entry
+        on a branch resume leaves takes that entry's other answers with it, and a
+        result below a second entry of a response repeats one below the first. Here, on
+        that conversation: a ``tool_result`` the assistant message before it did not ask
+        for, or that repeats an answer of its message, becomes a text block, as an orphan
+        does (all of a round's, at once); a call its results message does not answer gets
+        Claude Code's interrupted-call answer, after the last entry of the message on the
+        chain that holds only ``tool_result`` blocks, its chain child re-parented to the
+        answer (one message a round), ``TOOL_OUTCOME_UNKNOWN`` when the file holds a result
+        for it elsewhere (it ran)."""
+        plan = analysis.plan
+        planned, origin = _as_planned(lines, plan)
+        laid_out: list[list[tuple[int, list[Any]]]] = []
+        answering: list[tuple[_Group, list[str]]] = []
+        self._turns(planned, as_written=True, laid_out=laid_out, answering=answering)
+        tree = _Tree(planned)
+
+        def number(index: int) -> int:  # in the file as it is (an inserted answer: after its line)
+            at, after, _ = origin[index]
+            return lines[at].number if at >= 0 else lines[after].number + 1
+
+        def rewrite(index: int, raw: bytes) -> None:
+            at, after, k = origin[index]
+            if at >= 0:
+                plan.replace[at] = raw
+            else:
+                plan.insert_after[after][k] = raw
+
+        bad: dict[int, set[int]] = {}  # entry -> positions of the blocks to keep as text
+        gaps: list[tuple[_Group, list[str], set[int]]] = []
+        for message, (group, asked) in zip(laid_out, answering, strict=True):
+            held: set[str] = set()
+            for r, blocks in message:
+                for block in blocks:
+                    if not _is_tool_result(block):
+                        continue
+                    rid = _result_id(block)
+                    if rid in asked and rid not in held:
+                        held.add(rid)
+                        continue
+                    bad.setdefault(r, set()).add(next(p for p, b in enumerate(_blocks(tree.obj(r))) if b is block))
+                    repeat = rid in held
+                    analysis.orphans.append(rid)
+                    analysis.findings.append(Finding(
+                        DUPLICATE_RESULT if repeat else ORPHAN_RESULT, number(r),
+                        f"tool_result for {rid!r} " + ("repeats an earlier answer" if repeat
+                                                       else "answers no tool_use of the message before it")
+                        + " in the conversation Claude Code resumes (its results entries joined as it joins "
+                        "them); repair keeps it as a text block", call_id=rid))
+            missing = [u for u in dict.fromkeys(asked) if u not in held]
+            if missing:
+                gaps.append((group, missing, {r for r, _ in message}))
+        if bad:
+            for r, positions in bad.items():
+                rewrite(r, with_members(planned[r], {"message": _textified(tree.obj(r), positions)}))
+            return True
+        if not gaps:
+            return False
+        group, missing, mine = gaps[0]
+        chain = self._chain(tree)
+        at = {index: k for k, index in enumerate(chain)}
+        point = max((i for i in group.entries if i in at), key=at.__getitem__)
+        asker = tree.obj(point)
+        while at[point] + 1 < len(chain):
+            below = chain[at[point] + 1]
+            blocks = _blocks(tree.obj(below))
+            if below not in mine or not blocks or not all(_is_tool_result(b) for b in blocks):
+                break
+            point = below
+        elsewhere: dict[str, str] = {}
+        for index in tree.entries:
+            for block in _blocks(tree.obj(index)) if tree.obj(index).get("type") == "user" else ():
+                if _is_tool_result(block) and _result_id(block) in missing:
+                    where = "on a branch the resumed conversation leaves" if index not in at else "elsewhere"
+                    elsewhere.setdefault(_result_id(block), f"line {number(index)} holds a result for it, {where}")
+        asking = {i for g in _groups(tree)[0] for i in g.entries}
+        evidence = {**_evidence(planned, asking, {i for i in tree.entries if _is_result_entry(tree.obj(i))}),
+                    **elsewhere}
+        calls = [(u, group.names.get(u, "?"), evidence.get(u)) for u in missing]
+        entry = _answer_entry(asker, str(tree.obj(point).get("uuid")), calls)
+        if at[point] + 1 < len(chain):
+            child = chain[at[point] + 1]
+            rewrite(child, _reparented(planned[child], entry["uuid"]))
+        here, after, k = origin[point]
+        if here >= 0:
+            plan.insert_after.setdefault(here, []).insert(0, encode_entry(entry))
+        else:
+            plan.insert_after[after].insert(k + 1, encode_entry(entry))
+        for cid, name, ev in calls:
+            code = answer_code(ev)
+            analysis.unanswered.append(cid)
+            analysis.findings.append(Finding(
+                UNANSWERED_CALL, number(min(i for i in group.entries if cid in _uses_of(tree.obj(i)))),
+                f"tool_use {cid} ({name}) has no tool_result in the conversation Claude Code resumes (its "
+                f"results entries joined as it joins them); repair answers it {code} there"
+                + (f" ({ev})" if ev else ""), call_id=cid, code=code))
+            plan.added.append({"type": "tool_result", "call_id": cid, "code": code, "after_line": number(point)})
+        analysis.findings.sort(key=lambda f: f.line)
+        return True
 
     def _results_first(self, lines: list[Line], analysis: Analysis) -> None:
         """Add to ``analysis`` the edits that put every ``tool_result`` block of a results
@@ -585,8 +731,9 @@ class ClaudeCode:
         the last. Contents stay as they are, unless two entries with other blocks both
         hold a ``tool_result``, or an entry's own text comes before its ``tool_result``:
         then the other blocks move, in order, after the last ``tool_result`` of the
-        message (into that entry). Where re-chaining would make a cycle, only that move
-        is done, in the order the entries are."""
+        message (into that entry). Where re-chaining would make a cycle, or would bring
+        into the resumed conversation the entries below a result that branched off it,
+        only that move is done, in the order the entries are."""
         plan = analysis.plan
         if not analysis.orphans and not any(
                 line.obj is not None and _is_result_entry(line.obj)
@@ -596,6 +743,7 @@ class ClaudeCode:
         laid_out: list[list[tuple[int, list[Any]]]] = []
         self._turns(planned, as_written=True, laid_out=laid_out)
         tree = _Tree(planned)
+        resumed = set(self._chain(tree))
         for message in laid_out:
             late = _first_late_result(message)
             if late is None:
@@ -616,7 +764,14 @@ class ClaudeCode:
                     for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
                         if kid not in held:
                             parents[kid] = chained[-1]  # what followed the results follows them still
-                if _cyclic(tree, parents):
+                if not _cyclic(tree, parents) and not self._keeps_conversation(tree, planned, parents, resumed, held):
+                    # The resumed conversation would go on into a branch it left, below one
+                    # of the results: that branch hangs where the results do instead.
+                    for r in chained:
+                        for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
+                            if kid not in held and kid not in resumed:
+                                parents[kid] = anchor
+                if _cyclic(tree, parents) or not self._keeps_conversation(tree, planned, parents, resumed, held):
                     chained = order  # only the contents change
                 else:
                     for r, parent in parents.items():
@@ -648,6 +803,20 @@ class ClaudeCode:
                 + " (its results entries joined as Claude Code chains them), which the API rejects; repair "
                 "chains the results entries so that every tool_result comes first", call_id=rid))
         analysis.findings.sort(key=lambda f: f.line)
+
+    def _keeps_conversation(self, tree: _Tree, planned: list[Line], parents: dict[int, int], resumed: set[int],
+                            results: Mapping[int, Any]) -> bool:
+        """True when giving the entries of ``parents`` those parents leaves the resumed
+        conversation the user and assistant entries it holds, with the ``results`` entries
+        of one message joined into it and nothing else: a result that branched off it is
+        joined, never the branch below that result."""
+        moved = list(planned)
+        for r, parent in parents.items():
+            line = planned[r]
+            moved[r] = Line(line.index, line.offset, line.raw, {**tree.obj(r), "parentUuid": tree.obj(parent).get("uuid")})
+        talks = {i for i in resumed if _kind(tree.obj(i)) in CONVERSATION}
+        chain = {i for i in self._chain(_Tree(moved)) if _kind(tree.obj(i)) in CONVERSATION}
+        return talks <= chain <= talks | set(results)
 
     @staticmethod
     def _reattach_children_of_lost(tree: _Tree, line: Line, named: dict[str, str | None],
@@ -700,7 +869,8 @@ class ClaudeCode:
         return chain[::-1]
 
     def _turns(self, lines: list[Line], sources: list[int] | None = None, *, as_written: bool = False,
-               laid_out: list[list[tuple[int, list[Any]]]] | None = None) -> list[tuple[str, list[Any]]]:
+               laid_out: list[list[tuple[int, list[Any]]]] | None = None,
+               answering: list[tuple[_Group, list[str]]] | None = None) -> list[tuple[str, list[Any]]]:
         """The resumed conversation as (role, blocks) messages ("results" for the user
         message answering an assistant message): an assistant
         message per group with the results it owns (on the chain, in chain order, then off
@@ -710,7 +880,9 @@ class ClaudeCode:
         it, as the tool sends them (a text block before a later entry's ``tool_result``
         stays before it). ``sources``, when given, gets the index of the entry each
         message starts with; ``laid_out``, for each results message, its entries in the
-        order it holds them, each with the blocks of it the message holds."""
+        order it holds them, each with the blocks of it the message holds; ``answering``,
+        for each results message, the group it answers and the calls the assistant message
+        before it asks for (those of the group's entries on the chain), in order."""
         tree = _Tree(lines)
         groups, _ = _groups(tree)
         group_of = {i: g for g in groups for i in g.entries}
@@ -730,7 +902,10 @@ class ClaudeCode:
                 laid_out.append([])
             # The calls the message asks for: those of its entries on the chain (a branch
             # that leaves a response half-way, a rewind, resumes without the rest of it).
-            asked = set(_uses_of_blocks(turns[-1][1]))
+            asked_in_order = _uses_of_blocks(turns[-1][1])
+            asked = set(asked_in_order)
+            if answering is not None:
+                answering.append((current, asked_in_order))
             ordered = sorted((r for r in current.results if r in on_chain), key=on_chain.__getitem__) + [
                 r for r in current.results if r not in on_chain]
             taken: dict[int, list[Any]] = {}  # result entry -> the blocks of it the message holds
