@@ -164,10 +164,13 @@ class StepScope:
         handle's ``append`` raises."""
         return self._append_now(events_list(events), expect_seq)
 
-    async def _append_task(self, batch: list[Mapping[str, Any]], expect_seq: int | None) -> int:
+    async def _append_task(self, batch: list[Mapping[str, Any]], expect_seq: int | None,
+                           still: Callable[[], bool] | None = None) -> int | None:
         if self._async_lock is None:
             self._async_lock = asyncio.Lock()
         async with self._async_lock:
+            if still is not None and not still():
+                return None  # what the batch answers was answered meanwhile: nothing written
             if inspect.iscoroutinefunction(self.handle.append):
                 last = await self.handle.append(batch, expect_seq=expect_seq)
                 with self._thread_lock:
@@ -179,7 +182,17 @@ class StepScope:
         """Async :meth:`append`. Runs to completion even if the caller is cancelled
         meanwhile (the cancellation is re-raised after), so the scope never misses a
         committed event."""
-        return await _to_completion(self._append_task(events_list(events), expect_seq))
+        last = await _to_completion(self._append_task(events_list(events), expect_seq))
+        assert last is not None
+        return last
+
+    async def _answer(self, call_id: str, events: list[Mapping[str, Any]]) -> int | None:
+        """Append ``events`` (``call_id``'s answer) only if the call is still owed one
+        when their turn to be written comes, all appends of this scope being written one
+        at a time: a result appended for a call that step recovery (or another task)
+        answered while this one waited would be its second. Returns the last seq, or
+        None when nothing was written."""
+        return await _to_completion(self._append_task(events, None, lambda: self.tracker.pending(call_id) is not None))
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -326,7 +339,7 @@ class StepScope:
         same = sum(1 for c in self.tracker.unanswered() if c.call_id == call_id)
         turn, step = found.turn, found.step
         result = synthetic_result(found, turn=turn, step=step, ts=self.clock(), ambiguous=same > 1)
-        return await self.append_async([result])
+        return await self._answer(call_id, [result])
 
     def tool_call(self, call: ToolCallRequest | Mapping[str, Any], *, errors: str = "result") -> ToolCall:
         """A :class:`ToolCall` scope for one of the assistant's calls (``{"id","name",
@@ -388,7 +401,8 @@ class StepScope:
         ``approved``; durable on return). Then run it as usual (:meth:`run_tool` /
         :meth:`tool_call`: ``tool/call`` first). Raises NotAwaitingApproval."""
         call = self._awaiting(call_id)
-        return await self.append_async([approval_event(call_id, "approved", turn=call.turn, step=call.step, by=by, reason=reason)])
+        return await self._resolve(call_id, [approval_event(call_id, "approved", turn=call.turn, step=call.step, by=by,
+                                                            reason=reason)])
 
     async def reject(self, call_id: str, *, by: str | None = None, reason: str | None = None) -> int:
         """Record that a human rejected the awaiting call ``call_id``: ``tool/approval``
@@ -409,7 +423,20 @@ class StepScope:
                   "name": call.name, "output": text, "is_error": True, "code": code}
         if code == TOOL_OUTCOME_UNKNOWN:
             result["call_seq"] = call.call_seq
-        return await self.append_async([approval_event(call_id, "rejected", turn=call.turn, step=call.step, by=by, reason=reason), result])
+        return await self._resolve(call_id, [approval_event(call_id, "rejected", turn=call.turn, step=call.step, by=by,
+                                                            reason=reason), result])
+
+    async def _resolve(self, call_id: str, events: list[Mapping[str, Any]]) -> int:
+        """Append a human's decision on ``call_id`` if it still awaits one when its turn to
+        be written comes (two decisions racing: the second raises NotAwaitingApproval)."""
+        def awaiting() -> bool:
+            return any(c.call_id == call_id for c in self.tracker.awaiting())
+
+        last = await _to_completion(self._append_task(events, None, awaiting))
+        if last is None:
+            self._awaiting(call_id)  # raises NotAwaitingApproval
+        assert last is not None
+        return last
 
     def model_request(self, request: str, results: Sequence[str] = ()) -> ModelRequest:
         """A :class:`ModelRequest` checkpoint: ``async with step.model_request("r1", results=ids)``."""
@@ -614,6 +641,8 @@ class ToolCall:
         try:
             await self.scope.answer_unknown(self.call.id)
         except BaseException as failure:  # noqa: BLE001 - the original propagates, as it is
+            if isinstance(failure, asyncio.CancelledError) and self.scope.tracker.pending(self.call.id) is None:
+                return  # cancelled again once the answer was durable: nothing failed
             _attach(exc, failure)  # step recovery tries again; else a repair answers it
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
@@ -636,10 +665,10 @@ class ToolCall:
             return False  # KeyboardInterrupt, SystemExit: step recovery, or a repair, answers it
         else:
             outcome = error_outcome(exc)
-        if self.scope.tracker.pending(self.call.id) is None:
-            return exc is not None  # answered meanwhile (around this scope): never a second result
         try:
-            await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+            # Written only if the call is still owed a result then (step recovery, or another
+            # task, may answer it while this one waits its turn): never a second result.
+            await self.scope._answer(self.call.id, [self.scope.result_event(self.call, outcome)])
         except (InvalidEvent, asyncio.CancelledError) as failed:
             refused = failed if isinstance(failed, InvalidEvent) else failed.__cause__
             if not isinstance(refused, InvalidEvent):
@@ -651,7 +680,7 @@ class ToolCall:
             # output (a cancellation that came meanwhile goes on once that is durable).
             outcome = unrecorded_outcome(outcome, refused)
             try:
-                await self.scope.append_async([self.scope.result_event(self.call, outcome)])
+                await self.scope._answer(self.call.id, [self.scope.result_event(self.call, outcome)])
             except BaseException as again:
                 if failed is refused:
                     raise
@@ -727,6 +756,7 @@ async def dispatch_tools(
         scope.check_pending(call)
     slots = asyncio.Semaphore(concurrency)
     started: list[asyncio.Task[None]] = []
+    scopes: list[ToolCall] = []  # the tool-call scopes entered, whose tasks are in ``started``
     failures: list[BaseException] = []
 
     async def run(tc: ToolCall, body: ToolFn) -> None:
@@ -769,25 +799,35 @@ async def dispatch_tools(
             except BaseException:
                 slots.release()
                 raise
+            scopes.append(tc)
             started.append(asyncio.create_task(run(tc, body)))
-    except asyncio.CancelledError:
-        for task in started:
-            task.cancel()
-        await _to_completion(asyncio.gather(*started, return_exceptions=True))
+    except asyncio.CancelledError as exc:
+        await _cancel_started(started, scopes, exc)
         raise
     except BaseException:
         await _to_completion(asyncio.gather(*started, return_exceptions=True))
         raise
     try:
         await asyncio.gather(*started, return_exceptions=True)
-    except asyncio.CancelledError:
-        for task in started:
-            task.cancel()
-        await _to_completion(asyncio.gather(*started, return_exceptions=True))
+    except asyncio.CancelledError as exc:
+        await _cancel_started(started, scopes, exc)
         raise
     if failures:
         raise failures[0]
 
+
+
+async def _cancel_started(started: list[asyncio.Task[None]], scopes: list[ToolCall], exc: BaseException) -> None:
+    """Cancel the started bodies and wait for them. A task cancelled before it ever ran
+    never reaches its tool-call scope's exit: its call, whose ``tool/call`` is durable, is
+    answered here as that exit would have answered it."""
+    for task in started:
+        task.cancel()
+    try:
+        await _to_completion(asyncio.gather(*started, return_exceptions=True))
+    finally:  # cancelled again meanwhile: the bodies have ended all the same
+        for tc in scopes:
+            await tc._answer_started(exc)
 
 __all__ = [
     "TOOL_ERROR",

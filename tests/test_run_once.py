@@ -23,7 +23,7 @@ import pytest
 import sessionlog
 from sessionlog import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, Status
 from sessionlog.projection import FORMATS, check_pairing, project
-from sessionlog.recovery import CallNotPending, StepScope, dispatch_tools
+from sessionlog.recovery import CallNotPending, OutsideStep, StepScope, dispatch_tools
 
 CALL = {"id": "c1", "name": "deploy", "arguments": {"version": "1.2.3"}}
 
@@ -398,15 +398,18 @@ EXAMPLES = 60 if __import__("os").environ.get("SESSIONLOG_SLOW") else 12
     bodies=st.lists(st.sampled_from(["quick", "slow", "raises", "cancels itself", "huge"]), min_size=3, max_size=3),
     timeout=st.floats(0.0, 0.06),
     errors=st.sampled_from(["result", "raise"]),
+    how=st.sampled_from(["dispatch_tools", "gathered run_tool in a recovering scope"]),
 )
 def test_a_timeout_anywhere_in_a_dispatch_runs_each_body_at_most_once_and_answers_each_call_once(
-    tmp_path_factory: pytest.TempPathFactory, n: int, delay: float, bodies: list[str], timeout: float, errors: str
+    tmp_path_factory: pytest.TempPathFactory, n: int, delay: float, bodies: list[str], timeout: float, errors: str,
+    how: str,
 ) -> None:
     """A runtime dispatches a step's calls under a timeout it catches, at whatever point
     the timeout lands (in an append, a body, between calls), then tries every call again
     and ends the step: each body ran at most once, a retry ran none that had started, every
     call has exactly one result, a TOOL_OUTCOME_UNKNOWN only where its tool/call is durable,
-    and the session scans clean."""
+    and the session scans clean. Gathered ``run_tool`` calls in a scope that recovers on
+    failure race step recovery too: it answers calls whose bodies still run."""
     calls = [{"id": f"c{i}", "name": bodies[i], "arguments": {}} for i in range(n)]
     store = sessionlog.open_store(f"jsonl:{tmp_path_factory.mktemp('s')}")
     store.create("s", opening(calls))
@@ -434,17 +437,27 @@ def test_a_timeout_anywhere_in_a_dispatch_runs_each_body_at_most_once_and_answer
         with store.session("s") as handle:
             scope = _scope_over(store, SlowAppends(handle, delay))
             try:
-                await asyncio.wait_for(dispatch_tools(scope, calls, tools, errors=errors), timeout)
-            except (TimeoutError, RuntimeError):
+                if how == "dispatch_tools":
+                    await asyncio.wait_for(dispatch_tools(scope, calls, tools, errors=errors), timeout)
+                else:
+                    async with scope:
+                        await asyncio.wait_for(asyncio.gather(
+                            *(scope.run_tool(c, tools[c["name"]], errors=errors) for c in calls)), timeout)
+            except (TimeoutError, RuntimeError, asyncio.CancelledError):
                 pass
-            await asyncio.sleep(0.1)  # what was being written has landed
+            await asyncio.sleep(0.1)  # what was being written has landed, the bodies left running ended
             for call in calls:  # the retry: only a call that never started may run
                 try:
                     await scope.run_tool(call, tools[call["name"]])
-                except (CallNotPending, RuntimeError, asyncio.CancelledError):
+                except (CallNotPending, OutsideStep, RuntimeError, asyncio.CancelledError):
                     pass  # (a body's own cancellation propagates, its call answered)
-            await scope.append_async([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
-                                      {"type": "turn/end", "turn": "t1", "status": "completed"}])
+            closers = []
+            if scope.tracker.open_step is not None:
+                closers.append({"type": "step/end", "turn": "t1", "step": 1, "status": "completed"})
+            if scope.tracker.open_turn is not None:
+                closers.append({"type": "turn/end", "turn": "t1", "status": "completed"})
+            if closers:
+                await scope.append_async(closers)
 
     asyncio.run(main())
     records = list(store.read("s"))
@@ -455,7 +468,91 @@ def test_a_timeout_anywhere_in_a_dispatch_runs_each_body_at_most_once_and_answer
         assert len(intents) <= 1 and len(answers) == 1, (cid, records)
         if answers[0].get("code") == TOOL_OUTCOME_UNKNOWN:
             assert intents and answers[0]["call_seq"] == intents[0].seq
+        elif answers[0].get("code") == TOOL_NOT_STARTED:  # step recovery, for a call that never started
+            assert not intents
         else:
             assert intents and intents[0].seq < answers[0].seq  # a real answer: the intent came first
     assert len(runs) <= n and all(runs.count(k) <= bodies[:n].count(k) for k in set(runs))
     assert store.scan("s").status is Status.CLEAN
+
+
+def test_parallel_calls_answered_by_step_recovery_while_one_still_runs_get_one_result_each(tmp_path: Path) -> None:
+    """Two calls gathered in a step scope with ``errors="raise"``: one fails, the gather
+    raises at once, and step recovery answers the other while its body still runs; that
+    body's own result, which would be the call's second, is not written."""
+    calls = [CALL, {"id": "c2", "name": "search", "arguments": {}}]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening(calls))
+
+    async def fail(arguments: Any) -> str:
+        raise RuntimeError("the tool failed")
+
+    async def slow(arguments: Any) -> str:
+        await asyncio.sleep(0.03)  # ends while step recovery's append is in flight (appends take 0.02)
+        return "found"
+
+    async def main() -> None:
+        with store.session("s") as handle:
+            with pytest.raises(RuntimeError):
+                async with _scope_over(store, SlowAppends(handle, 0.02)) as scope:
+                    tasks = [asyncio.ensure_future(scope.run_tool(CALL, fail, errors="raise")),
+                             asyncio.ensure_future(scope.run_tool(calls[1], slow, errors="raise"))]
+                    await asyncio.gather(*tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)  # the slow body ends after recovery
+
+    asyncio.run(main())
+    answers = [(r["call_id"], r.get("code")) for r in store.read("s") if r["type"] == "tool/result"]
+    assert sorted(answers) == [("c1", TOOL_OUTCOME_UNKNOWN), ("c2", TOOL_OUTCOME_UNKNOWN)]
+    assert store.scan("s").status is Status.CLEAN
+
+
+def test_a_second_cancellation_while_the_answer_is_written_is_not_called_a_failure(tmp_path: Path) -> None:
+    """A body is cancelled, then cancelled again while its scope writes the answer: the
+    answer lands, and the cancellation carries no note saying it could not be recorded."""
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+
+    async def body(arguments: Any) -> str:
+        await asyncio.sleep(30)
+        return "done"
+
+    async def main() -> list[str]:
+        with store.session("s") as handle:
+            scope = _scope_over(store, SlowAppends(handle, 0.1))
+            task = asyncio.ensure_future(scope.run_tool(CALL, body))
+            await asyncio.sleep(0.15)  # the intent is durable, the body runs
+            task.cancel()
+            await asyncio.sleep(0.02)  # the answer is being written
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError) as raised:
+                await task
+            await asyncio.sleep(0.2)
+            return getattr(raised.value, "__notes__", [])
+
+    assert asyncio.run(main()) == []
+    assert tools_of(store) == [("tool/call", "c1", None), ("tool/result", "c1", TOOL_OUTCOME_UNKNOWN)]
+
+
+def test_a_dispatch_cancelled_before_a_started_body_ever_ran_answers_its_call(tmp_path: Path) -> None:
+    """A timeout lands just after a call's intent is durable and its body's task is made,
+    before that task first runs: cancelled then, it never reaches its tool-call scope's
+    exit, so dispatch_tools answers the call itself (TOOL_OUTCOME_UNKNOWN: the intent is
+    durable), in every one of several tries."""
+    async def body(arguments: Any) -> str:
+        await asyncio.sleep(1)
+        return "done"
+
+    for attempt in range(5):
+        store = sessionlog.open_store(f"jsonl:{tmp_path / str(attempt)}")
+        store.create("s", opening())
+
+        async def main() -> None:
+            with store.session("s") as handle:
+                scope = _scope_over(store, SlowAppends(handle, 0.002))
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(dispatch_tools(scope, [CALL], {"deploy": body}), 0.0024)
+                await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+        answers = [code for kind, _, code in tools_of(store) if kind == "tool/result"]
+        assert answers == [TOOL_OUTCOME_UNKNOWN] or tools_of(store) == [], (attempt, tools_of(store))
