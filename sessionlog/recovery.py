@@ -352,13 +352,18 @@ class StepScope:
         body, durable ``tool/result``) and return what was recorded. A tool that raises is
         an error result (``TOOL_ERROR``), unless ``errors="raise"``; an output the store
         cannot hold (over the record limit) is an error result naming its size
-        (``TOOL_OUTPUT_NOT_RECORDED``)."""
+        (``TOOL_OUTPUT_NOT_RECORDED``). Raises :class:`CallNotPending` when the call was
+        answered while the body ran (its result is then not written)."""
         async with self.tool_call(call, errors=errors) as tc:
             value = tool(tc.call.arguments)
             if inspect.isawaitable(value):
                 value = await value
             tc.result(value)  # type: ignore[arg-type]
-        assert tc.outcome is not None
+        if tc.outcome is None:  # answered while the body ran: its result was not written
+            raise CallNotPending(
+                f"call {tc.call.id!r} ({tc.call.name}) was answered while its body ran (by the step's recovery, "
+                "or another task): its result was not written, the log keeps the first answer"
+            )
         return tc.outcome
 
     # -- approvals ----------------------------------------------------------------------
@@ -378,10 +383,14 @@ class StepScope:
         self.check_pending(found)  # asked for, no result, not started, not awaiting already
         self._running.add(found.id)  # no tool-call scope may start it while the request is written
         try:
-            return await self.append_async(
-                [approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
+            seq = await self._answer(
+                found.id, [approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
         finally:
             self._running.discard(found.id)
+        if seq is None:
+            raise CallNotPending(f"call {found.id!r} ({found.name}) was answered before its approval request "
+                                 "was written (by the step's recovery, or another task); nothing written")
+        return seq
 
     def awaiting_approval(self) -> list[str]:
         """The call ids whose latest ``tool/approval`` is ``requested``, in log order."""
@@ -620,9 +629,13 @@ class ToolCall:
         scope.check_pending(call)
         scope._running.add(call.id)  # taken: a second scope for it is refused until it is answered
         try:
-            self.call_seq = await scope.append_async(
-                [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": call.id, "name": call.name}]
+            seq = await scope._answer(
+                call.id, [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": call.id, "name": call.name}]
             )
+            if seq is None:  # answered while the intent waited its turn (step recovery): never started
+                raise CallNotPending(f"call {call.id!r} ({call.name}) was answered before its tool/call was "
+                                     "written (by the step's recovery, or another task); not run")
+            self.call_seq = seq
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 # Cancelled while the intent was written: if it is durable, the body will not
@@ -668,7 +681,8 @@ class ToolCall:
         try:
             # Written only if the call is still owed a result then (step recovery, or another
             # task, may answer it while this one waits its turn): never a second result.
-            await self.scope._answer(self.call.id, [self.scope.result_event(self.call, outcome)])
+            if await self.scope._answer(self.call.id, [self.scope.result_event(self.call, outcome)]) is None:
+                return exc is not None  # tc.outcome stays None: nothing was recorded
         except (InvalidEvent, asyncio.CancelledError) as failed:
             refused = failed if isinstance(failed, InvalidEvent) else failed.__cause__
             if not isinstance(refused, InvalidEvent):
@@ -754,6 +768,8 @@ async def dispatch_tools(
     todo = [c for c in requested if not (c.id in seen or seen.add(c.id))]  # first occurrences, in order
     for call in todo:  # before anything runs: all of them may, or none does
         scope.check_pending(call)
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, not {concurrency!r}")
     slots = asyncio.Semaphore(concurrency)
     started: list[asyncio.Task[None]] = []
     scopes: list[ToolCall] = []  # the tool-call scopes entered, whose tasks are in ``started``
@@ -787,7 +803,9 @@ async def dispatch_tools(
             if body is None:
                 text = (f"{TOOL_NOT_FOUND}: there is no tool named {call.name!r}; the call (id {call.id}) "
                         "did nothing. Use one of the available tools.")
-                await scope.append_async([scope.result_event(call, ToolOutcome(text, True, TOOL_NOT_FOUND))])
+                # Only if still owed an answer then (another dispatch of the message, or step
+                # recovery, may have answered it meanwhile): never a second result.
+                await scope._answer(call.id, [scope.result_event(call, ToolOutcome(text, True, TOOL_NOT_FOUND))])
                 continue
             await slots.acquire()
             if failures:

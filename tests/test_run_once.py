@@ -498,7 +498,8 @@ def test_parallel_calls_answered_by_step_recovery_while_one_still_runs_get_one_r
                     tasks = [asyncio.ensure_future(scope.run_tool(CALL, fail, errors="raise")),
                              asyncio.ensure_future(scope.run_tool(calls[1], slow, errors="raise"))]
                     await asyncio.gather(*tasks)
-            await asyncio.gather(*tasks, return_exceptions=True)  # the slow body ends after recovery
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)  # the slow body ends after recovery
+            assert isinstance(outcomes[1], CallNotPending)  # run_tool never returns a result it did not record
 
     asyncio.run(main())
     answers = [(r["call_id"], r.get("code")) for r in store.read("s") if r["type"] == "tool/result"]
@@ -556,3 +557,80 @@ def test_a_dispatch_cancelled_before_a_started_body_ever_ran_answers_its_call(tm
         asyncio.run(main())
         answers = [code for kind, _, code in tools_of(store) if kind == "tool/result"]
         assert answers == [TOOL_OUTCOME_UNKNOWN] or tools_of(store) == [], (attempt, tools_of(store))
+
+
+@pytest.mark.parametrize("second", ["run_tool", "request_approval", "dispatch of an unknown tool"])
+def test_a_call_answered_by_step_recovery_before_its_turn_to_be_written_never_starts(
+    tmp_path: Path, second: str
+) -> None:
+    """Calls started as the model streams them: the first fails the step (``errors=
+    "raise"``) and step recovery answers the second while the second's own write (its
+    intent, its approval request, its TOOL_NOT_FOUND) waits its turn: that write is not
+    made, the body never runs, and each call has exactly one answer."""
+    calls = [CALL, {"id": "c2", "name": "search" if second != "dispatch of an unknown tool" else "nope",
+                    "arguments": {}}]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening(calls))
+    runs: list[str] = []
+
+    async def fail(arguments: Any) -> str:
+        raise RuntimeError("the tool failed")
+
+    async def search(arguments: Any) -> str:
+        runs.append("search")
+        return "found"
+
+    async def main() -> None:
+        with store.session("s") as handle:
+            scope = _scope_over(store, SlowAppends(handle, 0.05))
+
+            async def streamed_later() -> Any:
+                await asyncio.sleep(0.12)  # queued behind recovery's append
+                if second == "run_tool":
+                    return await scope.run_tool(calls[1], search)
+                if second == "request_approval":
+                    return await scope.request_approval(calls[1])
+                return await dispatch_tools(scope, [calls[1]], {"search": search})
+
+            later = asyncio.ensure_future(streamed_later())
+            with pytest.raises(RuntimeError):
+                async with scope:
+                    await asyncio.gather(scope.run_tool(CALL, fail, errors="raise"), later)
+            outcome = (await asyncio.gather(later, return_exceptions=True))[0]
+            if second != "dispatch of an unknown tool":
+                assert isinstance(outcome, CallNotPending), outcome
+
+    asyncio.run(main())
+    assert runs == []
+    answers = [(r["call_id"], r.get("code")) for r in store.read("s") if r["type"] == "tool/result"]
+    assert sorted(answers) == [("c1", TOOL_OUTCOME_UNKNOWN), ("c2", TOOL_NOT_STARTED)]
+    assert [r["type"] for r in store.read("s") if r["type"] == "tool/approval"] == []
+    assert store.scan("s").status is Status.CLEAN
+
+
+def test_two_dispatches_of_a_call_to_an_unknown_tool_answer_it_once(tmp_path: Path) -> None:
+    calls = [{"id": "c1", "name": "no_such_tool", "arguments": {}}]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening(calls))
+
+    async def main() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            await asyncio.gather(dispatch_tools(step, calls, {}), dispatch_tools(step, calls, {}),
+                                 return_exceptions=True)
+
+    asyncio.run(main())
+    assert tools_of(store) == [("tool/result", "c1", "TOOL_NOT_FOUND")]
+
+
+def test_a_dispatch_with_no_room_for_a_body_is_refused(tmp_path: Path) -> None:
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+
+    async def main() -> None:
+        async with store.writer() as w, w.step("s", resume=True) as step:
+            for concurrency in (0, -1):
+                with pytest.raises(ValueError, match="concurrency"):
+                    await asyncio.wait_for(dispatch_tools(step, [CALL], {}, concurrency=concurrency), 5)
+
+    asyncio.run(main())
+    assert tools_of(store) == []
