@@ -99,6 +99,10 @@ def _attach(original: BaseException, failure: BaseException) -> None:
         original.__context__ = failure
 
 
+_CATCH_UPS = 8
+"""Tries of a conditional append whose session another writer keeps moving."""
+
+
 class StepScope:
     """Scope of one step (or several steps of one turn): on failure, pair every call the
     committed ``assistant/message`` asked for, close the step and the turn, re-raise.
@@ -138,6 +142,7 @@ class StepScope:
         self._thread_lock = threading.Lock()
         self._running: set[str] = set()  # call ids a tool-call scope of this scope has taken, not yet answered
         self._async_lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
 
     # -- appending through the scope --------------------------------------------------
 
@@ -166,17 +171,36 @@ class StepScope:
 
     async def _append_task(self, batch: list[Mapping[str, Any]], expect_seq: int | None,
                            still: Callable[[], bool] | None = None) -> int | None:
-        if self._async_lock is None:
-            self._async_lock = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        if self._async_lock is None or self._lock_loop is not loop:
+            # One lock per event loop: a sync runtime may run each dispatch in asyncio.run().
+            self._async_lock, self._lock_loop = asyncio.Lock(), loop
         async with self._async_lock:
-            if still is not None and not still():
-                return None  # what the batch answers was answered meanwhile: nothing written
-            if inspect.iscoroutinefunction(self.handle.append):
-                last = await self.handle.append(batch, expect_seq=expect_seq)
-                with self._thread_lock:
-                    self._committed(batch, last)
-                return last
-            return await asyncio.to_thread(self._append_now, batch, expect_seq)
+            if still is None:
+                return await self._append_once(batch, expect_seq)
+            # Written only if ``still()`` holds on the log as it is then: the tail this scope
+            # knows is the one the batch must follow, and when another writer of the session
+            # (another scope of the same writer, the runtime itself) wrote since, the scope
+            # reads what it wrote and judges again.
+            for _ in range(_CATCH_UPS):
+                if not still():
+                    return None  # what the batch is for was done meanwhile: nothing written
+                expect = self.last_seq if getattr(self.handle, "records", None) is not None else None
+                try:
+                    return await self._append_once(batch, expect)
+                except SequenceConflict:
+                    if expect is None or not await asyncio.to_thread(self._catch_up):
+                        raise
+            raise SequenceConflict("the session kept moving while the scope tried to append",
+                                   expected=self.last_seq or 0, found=-1)
+
+    async def _append_once(self, batch: list[Mapping[str, Any]], expect_seq: int | None) -> int:
+        if inspect.iscoroutinefunction(self.handle.append):
+            last = await self.handle.append(batch, expect_seq=expect_seq)
+            with self._thread_lock:
+                self._committed(batch, last)
+            return last
+        return await asyncio.to_thread(self._append_now, batch, expect_seq)
 
     async def append_async(self, events: Sequence[Mapping[str, Any]], *, expect_seq: int | None = None) -> int:
         """Async :meth:`append`. Runs to completion even if the caller is cancelled
@@ -185,6 +209,16 @@ class StepScope:
         last = await _to_completion(self._append_task(events_list(events), expect_seq))
         assert last is not None
         return last
+
+    def _may_start(self, call_id: str) -> bool:
+        """The call is owed an answer, has no durable ``tool/call`` and awaits no human."""
+        found = self.tracker.pending(call_id)
+        return found is not None and found.call_seq is None and found.approval != "requested"
+
+    async def _start(self, call_id: str, events: list[Mapping[str, Any]]) -> int | None:
+        """Append ``events`` (``call_id``'s intent or approval request) only if the call
+        may still start when their turn to be written comes (see :meth:`_answer`)."""
+        return await _to_completion(self._append_task(events, None, lambda: self._may_start(call_id)))
 
     async def _answer(self, call_id: str, events: list[Mapping[str, Any]]) -> int | None:
         """Append ``events`` (``call_id``'s answer) only if the call is still owed one
@@ -383,13 +417,13 @@ class StepScope:
         self.check_pending(found)  # asked for, no result, not started, not awaiting already
         self._running.add(found.id)  # no tool-call scope may start it while the request is written
         try:
-            seq = await self._answer(
+            seq = await self._start(
                 found.id, [approval_event(found.id, "requested", turn=turn, step=step, by=by, reason=reason)])
         finally:
             self._running.discard(found.id)
         if seq is None:
-            raise CallNotPending(f"call {found.id!r} ({found.name}) was answered before its approval request "
-                                 "was written (by the step's recovery, or another task); nothing written")
+            raise CallNotPending(f"call {found.id!r} ({found.name}) was answered, started or paused for approval "
+                                 "before its approval request was written; nothing written")
         return seq
 
     def awaiting_approval(self) -> list[str]:
@@ -629,12 +663,13 @@ class ToolCall:
         scope.check_pending(call)
         scope._running.add(call.id)  # taken: a second scope for it is refused until it is answered
         try:
-            seq = await scope._answer(
+            seq = await scope._start(
                 call.id, [{"type": TOOL_CALL, "turn": turn, "step": step, "call_id": call.id, "name": call.name}]
             )
             if seq is None:  # answered while the intent waited its turn (step recovery): never started
-                raise CallNotPending(f"call {call.id!r} ({call.name}) was answered before its tool/call was "
-                                     "written (by the step's recovery, or another task); not run")
+                raise CallNotPending(f"call {call.id!r} ({call.name}) was answered, started or paused for approval "
+                                     "before its tool/call was written (by the step's recovery, another task or "
+                                     "another writer of the session); not run")
             self.call_seq = seq
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):

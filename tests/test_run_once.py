@@ -634,3 +634,64 @@ def test_a_dispatch_with_no_room_for_a_body_is_refused(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert tools_of(store) == []
+
+
+def test_two_resumed_scopes_approving_one_call_run_its_body_once(tmp_path: Path) -> None:
+    """Two approval handlers for one awaiting call at once (a double click on Approve),
+    each on the documented resume path in its own scope over one writer: the second
+    decision is refused (NotAwaitingApproval; its scope catches up on the first's writes),
+    the body runs once, and the call has one answer."""
+    from sessionlog.recovery import NotAwaitingApproval
+
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening())
+    runs: list[Any] = []
+
+    async def deploy(arguments: Any) -> str:
+        runs.append(arguments)
+        await asyncio.sleep(0.01)
+        return "deployed"
+
+    async def main() -> list[Any]:
+        async with store.writer() as w:
+            async with w.step("s", resume=True) as step:
+                await step.request_approval(CALL)
+
+            async def handler(who: str) -> Any:
+                async with w.step("s", resume=True) as step:
+                    await step.approve("c1", by=who)
+                    return await step.run_tool(CALL, deploy)
+
+            return await asyncio.gather(handler("alice"), handler("alice again"), return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert len(runs) == 1
+    assert any(isinstance(o, NotAwaitingApproval) for o in outcomes)
+    assert [r["state"] for r in store.read("s") if r["type"] == "tool/approval"] == ["requested", "approved"]
+    assert len([r for r in store.read("s") if r["type"] == "tool/call"]) == 1
+    assert len([r for r in store.read("s") if r["type"] == "tool/result"]) == 1
+    assert store.scan("s").status is Status.CLEAN
+
+
+def test_one_scope_used_by_a_dispatch_per_event_loop(tmp_path: Path) -> None:
+    """A sync runtime keeps one step scope and runs each assistant message's dispatch in
+    its own ``asyncio.run``: every dispatch runs (the scope's lock is made per loop)."""
+    # Two calls each: their appends contend for the scope's lock, which binds it to its loop.
+    calls_a = [{"id": f"a{i}", "name": "search", "arguments": {}} for i in (1, 2)]
+    calls_b = [{"id": f"b{i}", "name": "search", "arguments": {}} for i in (1, 2)]
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    store.create("s", opening(calls_a))
+
+    async def search(arguments: Any) -> str:
+        return "found"
+
+    with store.session("s") as handle:
+        with _scope_over(store, handle) as scope:
+            asyncio.run(dispatch_tools(scope, calls_a, {"search": search}))
+            scope.append([{"type": "step/end", "turn": "t1", "step": 1, "status": "completed"},
+                          {"type": "step/start", "turn": "t1", "step": 2},
+                          {"type": "assistant/message", "turn": "t1", "step": 2, "content": None,
+                           "tool_calls": calls_b}])
+            asyncio.run(dispatch_tools(scope, calls_b, {"search": search}))
+    assert sorted(tools_of(store)) == sorted(
+        [(kind, f"{m}{i}", None) for kind in ("tool/call", "tool/result") for m in "ab" for i in (1, 2)])
