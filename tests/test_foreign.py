@@ -1193,3 +1193,21 @@ def test_claude_sibling_branches_scan_repair_and_show_agree(name):
         _cc(n, parent, kind, content, mid="msg_M" if kind == "assistant" and n != 5 else "msg_5")
         for n, parent, kind, content in SIBLING_CASES[name])])
     check_scan_repair_and_show_agree(data)
+
+
+@pytest.mark.parametrize("between", ["a-user-text", "a-later-response"])
+def test_claude_a_call_whose_result_the_file_holds_elsewhere_is_never_called_not_started(between):
+    """toolu_A's result is in the file, on the resumed chain, but after a user's text entry
+    (or below a later response): kept as text there, it still shows the call ran, so the
+    answer repair gives toolu_A is TOOL_OUTCOME_UNKNOWN naming that line, never
+    TOOL_NOT_STARTED."""
+    middle = (_cc(3, 2, "user", "hello") if between == "a-user-text"
+              else _cc(3, 2, "assistant", [_text("x")], mid="msg_2"))
+    data = b"".join([_cc(1, None, "user", "go"), _cc(2, 1, "assistant", _uses("toolu_A"), mid="msg_1"), middle,
+                     _cc(4, 3, "user", [_tr("toolu_A")]), _cc(5, 4, "assistant", [_text("ok")], mid="msg_3")])
+    exam = check_scan_repair_and_show_agree(data)
+    [call] = [f for f in exam.findings if f.kind == "unanswered-call"]
+    assert (call.call_id, call.code) == ("toolu_A", "TOOL_OUTCOME_UNKNOWN") and "line 4" in call.detail
+    answers = [b["content"] for e in entries(exam.repaired()) for b in e["message"]["content"]
+               if e["type"] == "user" and isinstance(b, dict) and b.get("type") == "tool_result"]
+    assert answers and not any(a.startswith("TOOL_NOT_STARTED") for a in answers)

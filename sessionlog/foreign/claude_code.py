@@ -522,6 +522,12 @@ class ClaudeCode:
         asking = {i for g in groups for i in g.entries}
         results = {i for g in groups for i in g.results}
         evidence = _evidence(lines, asking, results)
+        # A result for a call, wherever the file holds it (after a user's text, below a later
+        # response: kept as text there), shows that the call ran: never "not started".
+        for index in tree.entries:
+            for block in _blocks(tree.obj(index)) if tree.obj(index).get("type") == "user" else ():
+                if _is_tool_result(block) and _result_id(block) not in evidence:
+                    evidence[_result_id(block)] = f"line {lines[index].number} holds a result for it, elsewhere"
         new_parent: dict[int, str | None] = {}
         inserted: set[str] = set()  # uuids of the answer entries the plan adds
         bad_at: dict[int, set[int]] = {}
