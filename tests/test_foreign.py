@@ -1211,3 +1211,20 @@ def test_claude_a_call_whose_result_the_file_holds_elsewhere_is_never_called_not
     answers = [b["content"] for e in entries(exam.repaired()) for b in e["message"]["content"]
                if e["type"] == "user" and isinstance(b, dict) and b.get("type") == "tool_result"]
     assert answers and not any(a.startswith("TOOL_NOT_STARTED") for a in answers)
+
+
+def test_claude_a_tool_use_id_reused_by_a_later_response_is_reported_and_refused():
+    """toolu_A is used by two responses of the resumed conversation, each answered: the API
+    rejects the repeated id, so show --check fails on the file. Scan used to call it clean
+    and repair changed nothing; now scan reports it (reused-call-id, not repairable) and
+    repair refuses the file, saying why."""
+    fmt = foreign.get("claude-code")
+    data = b"".join([_cc(1, None, "user", "go"), _cc(2, 1, "assistant", _uses("toolu_A"), mid="msg_1"),
+                     _cc(3, 2, "user", [_tr("toolu_A")]), _cc(4, 3, "assistant", _uses("toolu_A"), mid="msg_2"),
+                     _cc(5, 4, "user", [_tr("toolu_A")]), _cc(6, 5, "assistant", [_text("ok")], mid="msg_3")])
+    exam = foreign.examine(data, fmt)
+    assert _show_check(fmt, exam.lines) is not None
+    assert exam.status() is not Status.CLEAN
+    [finding] = exam.findings
+    assert (finding.kind, finding.line, finding.call_id, finding.repairable) == ("reused-call-id", 4, "toolu_A", False)
+    assert exam.in_place_refusal is not None and "toolu_A" in exam.in_place_refusal

@@ -629,3 +629,26 @@ def test_a_codex_call_id_reused_by_another_call_is_reported_and_its_output_quara
     assert code == 0 and row["changed_lines"] == [26, 27]
     with open(row["quarantine"], "rb") as f:
         assert f.read() == again + output
+
+
+def test_claude_a_reused_tool_use_id_is_refused_by_repair_and_not_clean_to_scan(claude_dir):
+    """A tool_use id used by two responses of the resumed conversation: scan used to call the
+    file clean and repair changed nothing while show --check failed; now scan and repair
+    both refuse it, naming the id, and nothing is written."""
+    def entry(n, parent, kind, content, mid=None):
+        message = {"role": kind, "content": content} | ({"id": mid, "type": "message"} if mid else {})
+        return json.dumps({"parentUuid": f"u{parent}" if parent else None, "isSidechain": False, "type": kind,
+                           "message": message, "uuid": f"u{n}", "sessionId": "s",
+                           "timestamp": f"2026-11-30T09:00:0{n}.000Z"}).encode() + b"\n"
+    use = [{"type": "tool_use", "id": "toolu_A", "name": "Bash", "input": {}}]
+    result = [{"type": "tool_result", "tool_use_id": "toolu_A", "content": "ran"}]
+    path = claude_dir / "reused.jsonl"
+    path.write_bytes(b"".join([entry(1, None, "user", "go"), entry(2, 1, "assistant", use, "m1"),
+                               entry(3, 2, "user", result), entry(4, 3, "assistant", use, "m2"),
+                               entry(5, 4, "user", result), entry(6, 5, "assistant", [{"type": "text", "text": "ok"}], "m3")]))
+    before = path.read_bytes()
+    code, out = run("scan", str(path), "--json")
+    assert code != 0 and rows(out)[0]["status"] != "clean"
+    code, out = run("repair", str(path), "--json")
+    assert code != 0 and rows(out)[0]["status"] == "refused" and "toolu_A" in rows(out)[0]["reason"]
+    assert path.read_bytes() == before

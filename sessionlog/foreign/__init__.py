@@ -113,6 +113,8 @@ class Examination:
         None when the repair only cuts what follows the last newline and appends, or the
         file is not indexed so. Names the first line concerned and its offset: also, whatever
         the plan, the line the tool stops reading at (:attr:`Analysis.unreadable_from`)."""
+        if self.analysis.refusal is not None:
+            return self.analysis.refusal
         indexed = self.analysis.offsets_indexed
         if indexed is None:
             return None

@@ -49,7 +49,7 @@ from . import Stamps, content_text, str_or_none
 from .answers import ORPHAN_NOTE, answer_code, answer_text, orphan_text, result_event
 from .lines import Line, decode_line, encode_entry, split_lines, with_members
 from .plan import (BROKEN_CHAIN, DUPLICATE_RESULT, ORPHAN_RESULT, REATTACHED, RELINKED, RESULT_AFTER_TEXT,
-                   UNANSWERED_CALL, Analysis, Finding)
+                   REUSED_CALL_ID, UNANSWERED_CALL, Analysis, Finding)
 
 CONVERSATION = frozenset({"user", "assistant"})
 ENTRIES = CONVERSATION | {"system", "progress", "attachment"}
@@ -394,7 +394,38 @@ class ClaudeCode:
             if not self._resumed_pairing(lines, analysis):
                 break
         self._results_first(lines, analysis)
+        self._reused_ids(lines, analysis)
         return analysis
+
+    def _reused_ids(self, lines: list[Line], analysis: Analysis) -> None:
+        """Report a ``tool_use`` id that an earlier response of the conversation Claude
+        Code resumes (as the plan leaves it) already used, and refuse the file: the API
+        rejects a repeated id, and renaming a call the tool ran would part it from its
+        results and progress records."""
+        planned, origin = _as_planned(lines, analysis.plan)
+        tree = _Tree(planned)
+        first: dict[str, tuple[_Group, int]] = {}
+        for index in self._chain(tree):
+            obj = tree.obj(index)
+            if obj.get("type") != "assistant":
+                continue
+            group = tree.group(index)
+            for use in _uses_of_blocks(_blocks(obj)):
+                at, after, _ = origin[index]
+                number = lines[at].number if at >= 0 else lines[after].number + 1
+                if use not in first:
+                    first[use] = (group, number)
+                    continue
+                earlier, where = first[use]
+                if earlier is group:
+                    continue
+                detail = (f"tool_use id {use} was used by an earlier response (line {where}) of the conversation "
+                          "Claude Code resumes: the API rejects a repeated id; repair refuses the file (renaming a "
+                          "call would part it from its results)")
+                analysis.findings.append(Finding(REUSED_CALL_ID, number, detail, call_id=use, repairable=False))
+                if analysis.refusal is None:
+                    analysis.refusal = f"line {number}: {detail}"
+        analysis.findings.sort(key=lambda f: f.line)
 
     def _analyze_links(self, lines: list[Line], lost: Sequence[Line]) -> Analysis:
         """Every finding and edit but :meth:`_results_first`'s."""

@@ -285,7 +285,8 @@ def repair_file(path: str, fmt: ForeignFormat, *, force: bool, dry_run: bool) ->
         if not any(line.obj is not None for line in exam.lines):
             row.update(status="refused", reason=f"no line decodes as a {fmt.title}")
             return row, exits.ERROR
-        if exam.plan.empty and not exam.needs_force and exam.analysis.unreadable_from is None:
+        if exam.plan.empty and not exam.needs_force and exam.analysis.unreadable_from is None \
+                and exam.analysis.refusal is None:
             return row, exits.OK
         busy = in_use(path, fmt)  # fresh, just before deciding to write
         if busy and not force:

@@ -32,6 +32,10 @@ RESULT_AFTER_TEXT = "result-after-text"
 """A ``tool_result`` after another block (text) in the user message answering an
 assistant message, as the tool joins its results entries: repair re-chains them so that
 every ``tool_result`` comes first (Claude Code)."""
+REUSED_CALL_ID = "reused-call-id"
+"""A ``tool_use`` id that an earlier response of the resumed conversation already used
+(Claude Code): the API rejects the history, and no repair that keeps the calls and their
+results as written can mend it. Reported, and the file refused (:attr:`Analysis.refusal`)."""
 RELINKED = "relinked"
 """An entry of the resumed conversation whose parent is not in the file: repair links it
 to the entry written before it (Claude Code)."""
@@ -188,6 +192,9 @@ class Analysis:
     """Why the durable prefix of the file must stay byte for byte where it is (the tool
     keeps byte offsets into it), when it must: a repair that would change or shift any of
     it is refused, ``--force`` included (:attr:`Examination.in_place_refusal`)."""
+    refusal: str | None = None
+    """Why repair refuses this file, ``--force`` included, whatever the plan (a shape no
+    edit it makes can mend): :attr:`Examination.in_place_refusal` gives it."""
     unreadable_from: Finding | None = None
     """Where the tool stops reading the file whatever a repair that only appends does (a
     Codex rollout whose ordinals repeat: renumbering would rewrite every line from there
