@@ -315,7 +315,7 @@ class SqlSession:
         self._failed: str | None = None
         self._closed = True
         owner = self._kind.ownership(session_id)
-        owner.acquire(timeout)
+        store._acquire(session_id, owner, timeout)
         try:
             with store._connect() as conn:
                 store._take(conn, session_id, owner)
@@ -609,6 +609,18 @@ class SqlStore:
             self.schema.metadata.create_all(conn)
             check_version(conn, self.schema, self.display_url)
 
+    def _acquire(self, session_id: str, owner: Ownership, timeout: float) -> None:
+        """Take ``owner``'s lock. A session with no row is SessionNotFound before a lock
+        that would leave a trace is taken (SQLite's lock files are never removed, so one
+        made for a misspelled id would stay)."""
+        if owner.creates_on_acquire():
+            s = self.schema.sessions
+            with self._connect() as conn, conn.begin():
+                found = conn.execute(sa.select(s.c.session_id).where(s.c.session_id == session_id)).first()
+            if found is None:
+                raise SessionNotFound(f"{self._where(session_id)}: no such session")
+        owner.acquire(timeout)
+
     def _take(self, conn: sa.Connection, session_id: str, owner: Ownership) -> None:
         """Holding ``owner``'s lock, before reading anything of the session: on an engine
         whose lock can be lost (PostgreSQL), move the session's owner epoch, which waits
@@ -726,7 +738,7 @@ class SqlStore:
         t = self.schema
         with self._errors("delete"):
             owner = self.kind.ownership(session_id)
-            owner.acquire(self.lock_timeout)
+            self._acquire(session_id, owner, self.lock_timeout)
             try:
                 with self._connect() as conn, self._write(conn):
                     # Fenced as an owner's open is: an append of a former owner in flight

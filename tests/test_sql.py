@@ -1141,3 +1141,17 @@ def test_a_directory_named_as_the_database_is_said_to_be_one(tmp_path: Path) -> 
         [sys.executable, "-m", "sessionlog", "convert", str(Path(__file__).parent.parent / "fixtures" / "healthy.jsonl"),
          f"sqlite:///{tmp_path}"], capture_output=True, text=True)
     assert converted.returncode == 4 and "is a directory" in converted.stderr and "hard links" not in converted.stderr
+
+
+def test_a_call_on_a_session_that_does_not_exist_leaves_no_lock_file(tmp_path: Path) -> None:
+    """A misspelled id is SessionNotFound from every call that would own the session, and
+    SQLite's lock directory gets no lock file for it (lock files are never removed)."""
+    store = sessionlog.open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.create("s1")
+    before = sorted(p.name for p in tmp_path.rglob("*.lock"))
+    for call in (lambda: store.append("typo", plain(1)), lambda: store.session("typo"),
+                 lambda: store.repair("typo"), lambda: store.delete("typo")):
+        with pytest.raises(SessionNotFound):
+            call()
+    assert sorted(p.name for p in tmp_path.rglob("*.lock")) == before
+    assert store.append("s1", plain(1)) == 2
