@@ -37,6 +37,20 @@ def opening(calls: list[dict[str, Any]] = [CALL]) -> list[dict[str, Any]]:  # no
     ]
 
 
+def counted(output: str = "done", delay: float = 0.0) -> tuple[list[Any], Any]:
+    """A tool body that records each run (its side effect), waits ``delay`` seconds and
+    returns ``output``; and the list of its runs."""
+    runs: list[Any] = []
+
+    async def body(arguments: Any) -> str:
+        runs.append(arguments)
+        if delay:
+            await asyncio.sleep(delay)
+        return output
+
+    return runs, body
+
+
 def tools_of(store: sessionlog.EventStore) -> list[tuple[str, str, Any]]:
     return [(r["type"], r["call_id"], r.get("code")) for r in store.read("s") if r["type"].startswith("tool/")]
 
@@ -53,12 +67,7 @@ def test_a_call_whose_run_timed_out_is_answered_unknown_and_never_run_again(tmp_
     ``TOOL_OUTCOME_UNKNOWN`` (with its tool/call's seq), not left for the step's end."""
     store = sessionlog.open_store(f"jsonl:{tmp_path}")
     store.create("s", opening())
-    runs: list[Any] = []
-
-    async def slow(arguments: Any) -> str:
-        runs.append(arguments)  # the side effect
-        await asyncio.sleep(30)
-        return "deployed"
+    runs, slow = counted("deployed", delay=30)
 
     async def main() -> None:
         async with store.writer() as w, w.step("s", resume=True) as step:
@@ -85,12 +94,7 @@ def test_a_call_being_run_is_not_run_again_by_another_task(tmp_path: Path, how: 
     the second is refused before anything is written; one body, one result."""
     store = sessionlog.open_store(f"jsonl:{tmp_path}")
     store.create("s", opening())
-    runs: list[Any] = []
-
-    async def work(arguments: Any) -> str:
-        runs.append(arguments)
-        await asyncio.sleep(0.05)
-        return "done"
+    runs, work = counted(delay=0.05)
 
     async def main() -> list[Any]:
         async with store.writer() as w, w.step("s", resume=True) as step:
@@ -331,11 +335,7 @@ def test_a_timeout_during_the_scopes_own_writes_leaves_no_call_unanswered(
     TOOL_OUTPUT_NOT_RECORDED when the body ran to its end."""
     store = sessionlog.open_store(f"jsonl:{tmp_path}")
     store.create("s", opening())
-    runs: list[Any] = []
-
-    async def body(arguments: Any) -> str:
-        runs.append(arguments)
-        return output
+    runs, body = counted(output)
 
     async def main() -> None:
         with store.session("s") as handle:
@@ -363,11 +363,7 @@ def test_a_call_whose_approval_is_being_requested_does_not_start(tmp_path: Path)
     pending approval and the call never gets two results."""
     store = sessionlog.open_store(f"jsonl:{tmp_path}")
     store.create("s", opening())
-    runs: list[Any] = []
-
-    async def body(arguments: Any) -> str:
-        runs.append(arguments)
-        return "done"
+    runs, body = counted()
 
     async def main() -> list[Any]:
         with store.session("s") as handle:
@@ -645,12 +641,7 @@ def test_two_resumed_scopes_approving_one_call_run_its_body_once(tmp_path: Path)
 
     store = sessionlog.open_store(f"jsonl:{tmp_path}")
     store.create("s", opening())
-    runs: list[Any] = []
-
-    async def deploy(arguments: Any) -> str:
-        runs.append(arguments)
-        await asyncio.sleep(0.01)
-        return "deployed"
+    runs, deploy = counted("deployed", delay=0.01)
 
     async def main() -> list[Any]:
         async with store.writer() as w:
