@@ -1195,6 +1195,83 @@ def test_claude_sibling_branches_scan_repair_and_show_agree(name):
     check_scan_repair_and_show_agree(data)
 
 
+def test_claude_a_result_off_the_first_entry_of_a_forked_response_answers_only_the_calls_on_its_way():
+    """Entries 2 and 3 are one response (message m2): entry 2 asks toolu_1, entry 3,
+    chained below it, asks toolu_2; the results entry 4 hangs off entry 2 (a sibling of
+    entry 3) and answers both. Claude Code resumes 1-2-4: the message it sends asks only
+    toolu_1, so toolu_2's result there answers no call of it. Scan used to pair it with
+    toolu_2 anyway (any entry of the response) while the resumed pass kept it as text:
+    repair refused its own result and a second round answered toolu_2 TOOL_NOT_STARTED.
+    Now the result is kept as text and toolu_2 is answered on its own branch (below entry
+    3), TOOL_OUTCOME_UNKNOWN (line 4 holds its result); every other line byte for byte."""
+    fmt = foreign.get("claude-code")
+    data = b"".join([
+        _cc(1, None, "user", "go"),
+        _cc(2, 1, "assistant", _uses("toolu_1"), mid="m2"),
+        _cc(3, 2, "assistant", _uses("toolu_2"), mid="m2"),
+        _cc(4, 2, "user", [_tr("toolu_1"), _tr("toolu_2")]),
+    ])
+    exam = check_scan_repair_and_show_agree(data)
+    assert exam.status() is Status.REPAIRABLE
+    assert [(f.kind, f.line, f.call_id, f.code) for f in exam.findings] == [
+        ("unanswered-call", 3, "toolu_2", "TOOL_OUTCOME_UNKNOWN"), ("orphan-result", 4, "toolu_2", None)]
+    after = entries(exam.repaired())
+    assert [e["uuid"] for e in after[:3]] + [after[4]["uuid"]] == [e["uuid"] for e in entries(data)]
+    answer = after[3]
+    assert answer["parentUuid"] == after[2]["uuid"]  # below entry 3, off the resumed chain
+    [block] = answer["message"]["content"]
+    assert block["tool_use_id"] == "toolu_2" and block["content"].startswith("TOOL_OUTCOME_UNKNOWN: ")
+    assert after[4]["message"]["content"][0] == json.loads(raw_lines(data)[3])["message"]["content"][0]
+    assert after[4]["message"]["content"][1]["type"] == "text"  # toolu_2's result, kept as text
+    assert raw_lines(exam.repaired())[:3] == raw_lines(data)[:3]
+
+
+FORKED_RESPONSE_CASES = {
+    # the results entry below entry 3: 1-2-3-4 resumes both calls, answered; clean
+    "results-below-the-second-entry": ([(2, 1, _uses("toolu_1")), (3, 2, _uses("toolu_2"))],
+                                       [(4, 3, "user", [_tr("toolu_1"), _tr("toolu_2")])], Status.CLEAN),
+    "three-entries-results-below-the-first": (
+        [(2, 1, _uses("toolu_1")), (3, 2, _uses("toolu_2")), (4, 3, _uses("toolu_3"))],
+        [(5, 2, "user", [_tr("toolu_1"), _tr("toolu_2"), _tr("toolu_3")])], Status.REPAIRABLE),
+    "three-entries-results-below-the-second": (
+        [(2, 1, _uses("toolu_1")), (3, 2, _uses("toolu_2")), (4, 3, _uses("toolu_3"))],
+        [(5, 3, "user", [_tr("toolu_1"), _tr("toolu_2"), _tr("toolu_3")])], Status.REPAIRABLE),
+    # the conversation goes on from entry 3: resume sends 2+3 and joins entry 4 (a result
+    # that branched off the response) to it; valid as it is, so clean and left alone
+    "continued-from-the-second-entry": (
+        [(2, 1, _uses("toolu_1")), (3, 2, _uses("toolu_2"))],
+        [(4, 2, "user", [_tr("toolu_1"), _tr("toolu_2")]), (5, 3, "user", "next"), (6, 5, "assistant", [_text("ok")])],
+        Status.CLEAN),
+    # the conversation goes on from the results entry: as in the case above the table
+    "continued-from-the-results": (
+        [(2, 1, _uses("toolu_1")), (3, 2, _uses("toolu_2"))],
+        [(4, 2, "user", [_tr("toolu_1"), _tr("toolu_2")]), (5, 4, "user", "next"), (6, 5, "assistant", [_text("ok")])],
+        Status.REPAIRABLE),
+    # an answer repair adds below entry 4 for entry 4's calls must stay below it when the
+    # results message of the resumed branch (1-2-5-6) is re-chained to put results first
+    "an-answer-below-the-second-entry-is-not-moved-up": (
+        [(2, 1, _uses("toolu_1", "toolu_2")), (4, 2, _uses("toolu_3", "toolu_4"))],
+        [(3, 2, "user", [_tr("toolu_Z"), _tr("toolu_1"), _text("note")]), (5, 2, "assistant", [_text("t")]),
+         (6, 5, "user", [_tr("toolu_2"), _tr("toolu_Z"), _text("note")])], Status.REPAIRABLE),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORKED_RESPONSE_CASES))
+def test_claude_a_forked_response_scan_repair_and_show_agree(name):
+    """Variants of the case above: scan is clean exactly when the resumed conversation
+    passes show --check as it is, repair leaves a clean file, and a second repair changes
+    nothing."""
+    fmt = foreign.get("claude-code")
+    response, rest, status = FORKED_RESPONSE_CASES[name]
+    data = b"".join([_cc(1, None, "user", "go"), *(_cc(*entry[:4], mid=entry[4]) for entry in sorted(
+        [(n, p, "assistant", c, "m2") for n, p, c in response] + [(n, p, kind, c, f"m{n}") for n, p, kind, c in rest]))])
+    assert (_show_check(fmt, split_lines(data)) is None) is (status is Status.CLEAN)
+    exam = check_scan_repair_and_show_agree(data)
+    assert exam.status() is status, [f.detail for f in exam.findings]
+    if status is Status.CLEAN:
+        assert exam.repaired() == data
+
+
 @pytest.mark.parametrize("between", ["a-user-text", "a-later-response"])
 def test_claude_a_call_whose_result_the_file_holds_elsewhere_is_never_called_not_started(between):
     """toolu_A's result is in the file, on the resumed chain, but after a user's text entry

@@ -197,9 +197,12 @@ class _Tree:
         return found
 
 
-def _groups(tree: _Tree) -> tuple[list[_Group], list[tuple[int, int, str, str]]]:
+def _groups(tree: _Tree, resumed: set[int] | None = None) -> tuple[list[_Group], list[tuple[int, int, str, str]]]:
     """Every group with its calls and answers, and the orphan or duplicate results found:
-    (line index, block position, block's tool_use_id, kind)."""
+    (line index, block position, block's tool_use_id, kind). A results entry answers the
+    calls asked on its way down from the first entry of its response to its owner, and,
+    when that owner is on the ``resumed`` chain, those of the response's entries on it
+    (resume joins a result that branched off the response to the message it sends)."""
     groups: dict[int, _Group] = {}
     for index in tree.entries:
         obj = tree.obj(index)
@@ -216,6 +219,7 @@ def _groups(tree: _Tree) -> tuple[list[_Group], list[tuple[int, int, str, str]]]
                     group.names[use] = str(block.get("name"))
     bad: list[tuple[int, int, str, str]] = []
     answered_on_path: dict[int, set[str]] = {}
+    asked_down_to: dict[int, set[str]] = {}
     for index in tree.entries:
         obj = tree.obj(index)
         if not _is_result_entry(obj):
@@ -224,13 +228,19 @@ def _groups(tree: _Tree) -> tuple[list[_Group], list[tuple[int, int, str, str]]]
         group = tree.group(owner) if owner is not None else None
         if group is not None:
             group.results.append(index)
+        # The calls this entry may answer: those asked by the response's entries from its
+        # first down to its owner. A call asked on another branch of a response a fork
+        # split is not in the message this entry answers, as Claude Code resumes it.
+        asked = _asked_down_to(tree, owner, asked_down_to) if owner is not None else set()
+        if group is not None and resumed is not None and owner in resumed:
+            asked = asked | {u for e in group.entries if e in resumed for u in _uses_of(tree.obj(e))}
         above = _answered_above(tree, index, owner, answered_on_path)
         here: set[str] = set()
         for position, block in enumerate(_blocks(obj)):
             if not (isinstance(block, Mapping) and block.get("type") == "tool_result"):
                 continue
             rid = _result_id(block)
-            if group is None or rid not in group.names:
+            if group is None or rid not in asked:
                 bad.append((index, position, rid, ORPHAN_RESULT))
             elif rid in above or rid in here:
                 bad.append((index, position, rid, DUPLICATE_RESULT))
@@ -239,6 +249,22 @@ def _groups(tree: _Tree) -> tuple[list[_Group], list[tuple[int, int, str, str]]]
                 group.answered.add(rid)
         answered_on_path[index] = above | here
     return list(groups.values()), bad
+
+
+def _asked_down_to(tree: _Tree, owner: int, memo: dict[int, set[str]]) -> set[str]:
+    """The calls asked by assistant entry ``owner`` and the entries of its response above
+    it (its way from the response's first entry)."""
+    if owner not in memo:
+        group = tree.group(owner)
+        asked: set[str] = set()
+        seen: set[int] = set()
+        cur: int | None = owner
+        while cur is not None and cur not in seen and tree.group(cur) is group:
+            seen.add(cur)
+            asked |= _uses_of(tree.obj(cur))
+            cur = tree.owner(cur)
+        memo[owner] = asked
+    return memo[owner]
 
 
 def _answered_above(tree: _Tree, index: int, owner: int | None, memo: dict[int, set[str]]) -> set[str]:
@@ -547,7 +573,8 @@ class ClaudeCode:
         """The findings and plan for ``lines`` (``named``: :func:`_lost_links` of them;
         ``tree``: theirs, when already built)."""
         tree = tree if tree is not None else _Tree(lines)
-        groups, bad = _groups(tree)
+        resumed = set(self._chain(tree))
+        groups, bad = _groups(tree, resumed)
         analysis = Analysis()
         plan = analysis.plan
         asking = {i for g in groups for i in g.entries}
@@ -575,7 +602,6 @@ class ClaudeCode:
             return bool(blocks) and all(isinstance(b, Mapping) and b.get("type") == "tool_result"
                                         and p not in bad_at.get(index, ()) for p, b in enumerate(blocks))
 
-        resumed = set(self._chain(tree))
         for group in groups:
             missing = [u for u in group.uses if u not in group.answered]
             # One answer entry per branch of the response: below each of its last entries
@@ -768,9 +794,12 @@ class ClaudeCode:
         the last. Contents stay as they are, unless two entries with other blocks both
         hold a ``tool_result``, or an entry's own text comes before its ``tool_result``:
         then the other blocks move, in order, after the last ``tool_result`` of the
-        message (into that entry). Where re-chaining would make a cycle, or would bring
-        into the resumed conversation the entries below a result that branched off it,
-        only that move is done, in the order the entries are."""
+        message (into that entry). Where re-chaining would make a cycle, would bring
+        into the resumed conversation the entries below a result that branched off it, or
+        would move a results entry up from below a later entry of a split response (it
+        would lose that entry's calls, :func:`_groups`), the entries are chained below the
+        first that holds only ``tool_result`` blocks, where it is; failing that too, only
+        that move is done, in the order the entries are."""
         plan = analysis.plan
         if not analysis.orphans and not any(
                 line.obj is not None and _is_result_entry(line.obj)
@@ -796,23 +825,32 @@ class ClaudeCode:
             chained = sorted(order, key=rank) if anchor is not None else order
             changes: dict[int, dict[str, Any]] = {}
             if chained != order and anchor is not None:
-                parents = {r: p for r, p in zip(chained, [anchor, *chained[:-1]], strict=True)}
-                for r in chained[:-1]:
-                    for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
-                        if kid not in held:
-                            parents[kid] = chained[-1]  # what followed the results follows them still
-                if not _cyclic(tree, parents) and not self._keeps_conversation(tree, planned, parents, resumed, held):
-                    # The resumed conversation would go on into a branch it left, below one
-                    # of the results: that branch hangs where the results do instead.
-                    for r in chained:
+                # Chained where the first of them is; failing that (a results entry moved up
+                # from below a later entry of a split response would lose its calls), where
+                # the first that holds only tool_result blocks is, the rest below it.
+                for anchor in dict.fromkeys([anchor, tree.parent(chained[0])]):
+                    if anchor is None:
+                        continue
+                    parents = {r: p for r, p in zip(chained, [anchor, *chained[:-1]], strict=True)}
+                    for r in chained[:-1]:
                         for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
-                            if kid not in held and kid not in resumed:
-                                parents[kid] = anchor
-                if _cyclic(tree, parents) or not self._keeps_conversation(tree, planned, parents, resumed, held):
-                    chained = order  # only the contents change
+                            if kid not in held:
+                                parents[kid] = chained[-1]  # what followed the results follows them still
+                    if not _cyclic(tree, parents) and not self._keeps_conversation(tree, planned, parents, resumed,
+                                                                                   held):
+                        # The resumed conversation would go on into a branch it left, below one
+                        # of the results: that branch hangs where the results do instead.
+                        for r in chained:
+                            for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
+                                if kid not in held and kid not in resumed:
+                                    parents[kid] = anchor
+                    if not _cyclic(tree, parents) and self._keeps_conversation(tree, planned, parents, resumed, held) \
+                            and _keeps_calls(tree, parents):
+                        for r, parent in parents.items():
+                            changes[r] = {"parentUuid": tree.obj(parent).get("uuid")}
+                        break
                 else:
-                    for r, parent in parents.items():
-                        changes[r] = {"parentUuid": tree.obj(parent).get("uuid")}
+                    chained = order  # only the contents change
             for r, content in _results_first_contents(tree, chained, held).items():
                 changes.setdefault(r, {})["message"] = {**_message(tree.obj(r)), "content": content}
             for r, change in changes.items():
@@ -1163,6 +1201,30 @@ def _cyclic(tree: _Tree, parents: dict[int, int]) -> bool:
             seen.add(cur)
             cur = parents[cur] if cur in parents else tree.parent(cur)
     return False
+
+
+def _keeps_calls(tree: _Tree, parents: dict[int, int]) -> bool:
+    """True when giving the entries of ``parents`` those parents (no cycle) leaves every
+    results entry among them below its owner still: a results entry moved up from below
+    a later entry of a split response to an earlier one would lose the calls that later
+    entry asks (:func:`_groups` pairs a result only with the calls on its way)."""
+    for r in parents:
+        if not _is_result_entry(tree.obj(r)) or (old := tree.owner(r)) is None:
+            continue
+        cur: int | None = parents[r]
+        seen: set[int] = set()
+        while cur is not None and cur not in seen and tree.obj(cur).get("type") != "assistant":
+            seen.add(cur)
+            cur = parents[cur] if cur in parents else tree.parent(cur)
+        way: set[int] = set()
+        group = tree.group(old)
+        while cur is not None and cur not in way and tree.obj(cur).get("type") == "assistant" \
+                and tree.group(cur) is group:
+            way.add(cur)
+            cur = tree.owner(cur)
+        if old not in way:
+            return False
+    return True
 
 
 def _as_planned(lines: list[Line], plan: Any) -> tuple[list[Line], list[tuple[int, int, int]]]:
