@@ -160,16 +160,22 @@ def test_an_append_in_flight_when_its_lock_is_lost_never_lands_behind_the_next_o
         handle_a.close()
 
 
+def two_owned(store: Any) -> tuple[Any, Any]:
+    """Sessions "s" and "t" of ``store``, each open through a handle of its own; "s" has
+    one note appended (seq 2)."""
+    store.create("s")
+    store.create("t")
+    s, t = store.session("s"), store.session("t")
+    s.append(note(1))
+    return s, t
+
+
 def test_an_owner_whose_session_was_taken_over_writes_nothing(pg_url: str) -> None:
     """However a second owner came to be (here: its open is simulated by moving the
     session's owner epoch, as a new owner's open does), the first one's appends fail."""
     schema = schema_of(pg_url)
     with sessionlog.open_store(pg_url) as store:
-        store.create("s")
-        store.create("t")
-        handle = store.session("s")
-        other = store.session("t")
-        handle.append(note(1))
+        handle, other = two_owned(store)
         server(f'UPDATE "{schema}".sessionlog_sessions SET owner_epoch = owner_epoch + 1 WHERE session_id = :s '
                "RETURNING owner_epoch",
                s="s")
@@ -256,11 +262,7 @@ def test_a_server_that_ends_idle_sessions_does_not_end_ownership(pg_url: str) ->
 
 def test_a_lost_lock_does_not_lock_out_its_own_store(pg_url: str) -> None:
     with sessionlog.open_store(pg_url) as store:
-        store.create("s")
-        store.create("t")
-        failed = store.session("s")
-        unaware = store.session("t")
-        failed.append(note(1))
+        failed, unaware = two_owned(store)
         (holder,) = lock_holders(pg_url, "s")
         server("SELECT pg_terminate_backend(:p)", p=holder)
         wait_for(lambda: not lock_holders(pg_url, "s"), "the server to release the lock")
