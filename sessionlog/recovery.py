@@ -702,15 +702,14 @@ class ToolCall:
     async def _exit(self, exc: BaseException | None) -> bool:
         if exc is None:
             outcome = self._value if self._value is not None else ToolOutcome("")
-        elif _cancellation(exc) or self.errors == "raise":
-            if isinstance(exc, (Exception, asyncio.CancelledError)):
-                # The body was interrupted or failed part-way: answered now, as step recovery
-                # would answer it, whether or not the step sees the exception (a runtime may
-                # catch a timeout and go on; a body may end in a cancellation of its own).
-                await self._answer_started(exc)
-            return False
-        elif not isinstance(exc, Exception):
+        elif not isinstance(exc, (Exception, asyncio.CancelledError)):
             return False  # KeyboardInterrupt, SystemExit: step recovery, or a repair, answers it
+        elif _cancellation(exc) or self.errors == "raise":
+            # The body was interrupted or failed part-way: answered now, as step recovery
+            # would answer it, whether or not the step sees the exception (a runtime may
+            # catch a timeout and go on; a body may end in a cancellation of its own).
+            await self._answer_started(exc)
+            return False
         else:
             outcome = error_outcome(exc)
         try:
