@@ -77,6 +77,7 @@ import re
 import secrets
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -469,9 +470,18 @@ class SqlStore:
         self._pid = os.getpid()
         try:
             sa_url = sa.make_url(url)
+            sa_url.port  # noqa: B018 - a port that is not a number fails here, not at connect
         except sa.exc.ArgumentError as exc:
             raise InvalidStoreUrl(f"{url!r}: not a database URL ({exc})") from None
+        except ValueError:
+            raise InvalidStoreUrl(f"{url!r}: not a database URL (its host or port does not parse)") from None
         self.display_url = sa_url.render_as_string(hide_password=True)
+        # SQLAlchemy drops an option with no value (``?schema=``): the store would open
+        # somewhere other than the URL says.
+        blank = [k for k, v in urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query, keep_blank_values=True)
+                 if not v]
+        if blank:
+            raise InvalidStoreUrl(f"{self.display_url}: option {blank[0]!r} has no value")
         backend, driver = sa_url.get_backend_name(), sa_url.get_driver_name()
         if backend == "sqlite" and sa_url.host:
             # sqlite://x.db parses as host "x.db" and no database: SQLite would open an

@@ -250,6 +250,11 @@ def _lenient_text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+_SQLITE_OPTIONS = frozenset({"synchronous", "journal_mode", "mode"})
+"""The URL options an SQLite store reads (``mode=memory`` only to refuse it): any other
+would be handed to the driver unread, or dropped with a warning."""
+
+
 class SqliteKind(EngineKind):
     """SQLite: WAL, ``synchronous=FULL`` and a busy timeout on every connection; writes in
     ``BEGIN IMMEDIATE``; ownership is the ``flock`` protocol on a lock file per session in
@@ -270,6 +275,12 @@ class SqliteKind(EngineKind):
         self.where = where
         self.read_only = read_only
         query = dict(url.query)
+        unknown = sorted(set(query) - _SQLITE_OPTIONS)
+        if unknown:
+            from sessionlog import InvalidStoreUrl
+
+            raise InvalidStoreUrl(f"{where}: unknown option {unknown[0]!r} (an SQLite store takes "
+                                  f"{', '.join(sorted(_SQLITE_OPTIONS - {'mode'}))})")
         sync = str(query.pop("synchronous", synchronous)).upper()
         journal = str(query.pop("journal_mode", "WAL")).upper()
         level = _SYNC_LEVELS.get(sync)

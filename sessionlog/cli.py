@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -1091,6 +1092,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         note("sessionlog: interrupted")
         return 130
+    except Exception as exc:  # a bug: not exit 1, which says "repairable"
+        traceback.print_exc()
+        note(f"sessionlog: internal error: {type(exc).__name__}: {exc} (a bug: please report it, with the "
+             "traceback above)")
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

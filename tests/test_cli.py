@@ -718,3 +718,17 @@ def test_errors_name_what_is_wrong(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "SRC holds session 'healthy', but the DST file names session 'other'" in err
     assert str(tmp_path / "new" / "healthy.jsonl") in err and not (tmp_path / "new").exists()
+
+
+def test_an_internal_error_exits_4_not_the_repairable_code(monkeypatch, capsys):
+    """A bug in a command is exit 4 with a note asking for a report, never exit 1 (which
+    a script reads as "repairable" and answers with a repair)."""
+    import sessionlog.cli as cli
+
+    def broken(args, out):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_run", broken)
+    assert main(["scan", os.path.join(FIXTURES, "healthy.jsonl")]) == 4
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: boom" in err and "a bug: please report it" in err

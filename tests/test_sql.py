@@ -13,6 +13,7 @@ import io
 import os
 import secrets
 import sqlite3
+import re
 import stat
 import subprocess
 import sys
@@ -217,6 +218,30 @@ def test_sqlite_refuses_weak_durability(tmp_path: Path, query: str, options: dic
     with pytest.raises(DurabilityRefused) as info:
         sessionlog.open_store(f"sqlite:///{tmp_path / 'x.db'}{query}", **options)
     assert isinstance(info.value, sessionlog.SessionLogError)
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("postgresql+psycopg://postgres@127.0.0.1:notaport/test", "host or port does not parse"),
+    ("postgresql+psycopg://postgres@[::1/test", "host or port does not parse"),
+    ("postgresql+psycopg://postgres@127.0.0.1/test?schema=", "option 'schema' has no value"),
+    ("sqlite:///{db}?foo=bar", "unknown option 'foo'"),
+    ("sqlite:///{db}?synchronous=", "option 'synchronous' has no value"),
+])
+def test_a_url_that_does_not_say_what_it_means_is_refused(tmp_path: Path, url: str, reason: str) -> None:
+    """A URL whose port does not parse, an option with no value (SQLAlchemy drops it: the
+    store would open somewhere else), an option SQLite does not read: InvalidStoreUrl from
+    the API and exit 2 from the command line, nothing created."""
+    db = tmp_path / "x.db"
+    sessionlog.open_store(f"sqlite:///{db}").close()
+    before = sorted(os.listdir(tmp_path))
+    url = url.format(db=db)
+    with pytest.raises(sessionlog.InvalidStoreUrl, match=re.escape(reason)):
+        sessionlog.open_store(url)
+    for command in (["scan", url], ["convert", str(Path(__file__).resolve().parent.parent / "fixtures" / "healthy.jsonl"), url]):
+        proc = subprocess.run([sys.executable, "-m", "sessionlog", *command], capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr
+        assert reason in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == before
 
 
 @pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite://"])
