@@ -615,7 +615,8 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
             from .foreign import command
 
             try:
-                return command.run_show(target, view_format=args.format, check=args.check, out=out)
+                return command.run_show(target, view_format=args.format, check=args.check, json_lines=args.json,
+                                        out=out)
             except command.ForeignUsageError as exc:
                 raise UsageError(str(exc)) from exc
         if target.note:
@@ -676,7 +677,7 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO, un
             if check is not None:
                 document[key] = check.watch(document[key])
             if args.json:
-                for item in _json_lines_of(document):
+                for item in projection.json_lines_of(document):
                     emit_json(out, item)
             else:
                 write_pretty(out, document)
@@ -711,14 +712,6 @@ def write_pretty(out: TextIO, document: dict[str, Any]) -> None:
 
 
 _END = object()
-
-
-def _json_lines_of(document: dict[str, Any]) -> Iterator[Any]:
-    """A view as JSON Lines: ``{"system": ...}`` first when there is one, then one item
-    (message / input item) per line."""
-    if "system" in document:
-        yield {"system": document["system"]}
-    yield from document.get("messages", document.get("input", []))
 
 
 def _metered(records: Iterator[Any], meter: Meter) -> Iterator[Any]:

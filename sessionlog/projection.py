@@ -397,6 +397,14 @@ def _anthropic(entries: Entries, ids: ViewIds) -> list[dict[str, Any]]:
 _RENDER = {"openai": _openai, "responses": _responses, "anthropic": _anthropic}
 
 
+def json_lines_of(document: Mapping[str, Any]) -> Iterator[Any]:
+    """A view's document (``to_json``) as JSON Lines items: ``{"system": ...}`` first when
+    there is one, then one item (message / input item) per line."""
+    if "system" in document:
+        yield {"system": document["system"]}
+    yield from document.get("messages", document.get("input", []))
+
+
 def project(records: Iterable[Mapping[str, Any]], fmt: str) -> Projection:
     """The ``fmt`` view (one of :data:`FORMATS`) of a session's records, paired.
 

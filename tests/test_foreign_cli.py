@@ -652,3 +652,20 @@ def test_claude_a_reused_tool_use_id_is_refused_by_repair_and_not_clean_to_scan(
     code, out = run("repair", str(path), "--json")
     assert code != 0 and rows(out)[0]["status"] == "refused" and "toolu_A" in rows(out)[0]["reason"]
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("tool", ["claude-code", "codex"])
+@pytest.mark.parametrize("view", ["openai", "anthropic", "responses"])
+def test_show_json_of_a_foreign_file_is_one_item_per_line(tool, view):
+    """cli.md: ``--json`` is one message or input item per line, for a foreign file as for a
+    sessionlog log: the items of the document ``show`` prints without it, in order."""
+    path = os.path.join(FIXTURES, tool, "dangling-call.jsonl")
+    code, pretty = run("show", path, "--format", view)
+    assert code == 0
+    document = json.loads(pretty)
+    code, text = run("show", path, "--format", view, "--json")
+    assert code == 0
+    items = [json.loads(line) for line in text.splitlines()]
+    expected = ([{"system": document["system"]}] if "system" in document else []) + document.get(
+        "messages", document.get("input"))
+    assert items == expected and len(items) > 2

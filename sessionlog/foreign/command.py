@@ -364,16 +364,18 @@ def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> 
 # --- show ------------------------------------------------------------------------------
 
 
-def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextIO) -> int:
+def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextIO, json_lines: bool = False) -> int:
     """Print the view of the file as repair would leave it (nothing written). ``--check``
     judges that view with the pairing checker of ``view_format`` and the tool's own
     conversation as it would resume it from the repaired file with the checker of its
     provider: exit 1 on a violation (a repair that would not leave a valid conversation).
-    The file as it is is judged by scan; a file that needs repair is noted on stderr."""
+    The file as it is is judged by scan; a file that needs repair is noted on stderr.
+    ``json_lines``: the view one item per line (see :func:`~sessionlog.projection.json_lines_of`)
+    instead of one indented document."""
     if len(target.files) != 1:
         raise ForeignUsageError(f"{target.root}: show needs exactly one file (found {len(target.files)})")
     path, fmt = target.files[0]
-    from ..projection import check_pairing, project
+    from ..projection import check_pairing, json_lines_of, project
 
     snap = read(path)
     exam = examine(snap.data, fmt, force=True)
@@ -399,7 +401,11 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
     view = project(events, view_format)
     for issue in view.issues:
         print(f"note: {issue}", file=sys.stderr)
-    out.write(dumps(view.to_json(), indent=2) + "\n")
+    if json_lines:
+        for item in json_lines_of(view.to_json()):
+            out.write(dumps(item) + "\n")
+    else:
+        out.write(dumps(view.to_json(), indent=2) + "\n")
     if check:
         violation = check_pairing(view.items, view_format) or check_pairing(fmt.native_items(lines), fmt.native_view)
         if violation is not None:
