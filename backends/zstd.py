@@ -39,6 +39,7 @@ from sessionlog.contract import (
 from sessionlog.durable import (
     O_NOFOLLOW,
     OS,
+    FileLock,
     FileSystem,
     fsync_dir,
     log_fence,
@@ -364,29 +365,45 @@ class ZstdStore(FileStore):
         """Rewrite the session into frames of up to ``frame_bytes`` of records (default:
         the batch limit, 1 MiB), so one bad frame never takes more history with it.
 
-        Under the writer lock (status "locked" when a writer owns it): the records are
-        streamed into a new temp file, which is fsynced and scanned back — its records
-        must be byte-identical to the old log's — then renamed over the log and the
-        directory fsynced. A writer in another process notices the new inode on its next
+        The records are streamed into a new temp file, which is fsynced and scanned back —
+        its records must be byte-identical to the old log's — then, under the writer lock
+        (status "locked" when a writer owns it), renamed over the log and the directory
+        fsynced; a log that grew before the lock was taken is copied again under it. A log
+        already compact or damaged gets no lock file. A writer in another process notices the new inode on its next
         append. A damaged log is never compacted (status "refused"); skippable frames are
         not carried over (``dropped_skippable_frames``). Raises SessionNotFound,
         CorruptLog / UnsupportedFormat (not a session log), IOFailure."""
         self.check_id(session_id)
         frame_bytes = min(frame_bytes or self.limits.batch_limit, self.framing.frame_limits.content)
         path = self.path_of(session_id)
-        report = CompactReport(session_id, path, "unchanged")
+        # The copy is made and compared before the lock is taken: a log that is already
+        # compact, or damaged, is left without a lock file made for it (lock files are
+        # never removed). The lock is taken to replace the log; if a writer appended
+        # meanwhile, the copy is made again under it.
+        held: list[FileLock] = []
         try:
-            lock = self.take_lock(session_id, 0.0)  # SessionNotFound first: no lock file for a missing log
-        except SessionLocked as exc:
-            report.status, report.reason = "locked", str(exc)
-            return report
-        try:
-            return self._compact_locked(session_id, report, frame_bytes, level, progress)
+            while True:
+                report = CompactReport(session_id, path, "unchanged")
+                if not held and self._owned(session_id):
+                    self.fs.stat(path)  # SessionNotFound / IOFailure first, as take_lock gives them
+                    report.status, report.reason = "locked", f"{self.lock_path_of(session_id)}: another writer owns this session"
+                    return report
+                try:
+                    done = self._compact_once(session_id, report, frame_bytes, level, progress, held)
+                except SessionLocked as exc:
+                    report.status, report.reason = "locked", str(exc)
+                    return report
+                if done is not None:
+                    return done
         finally:
-            lock.release()
+            for lock in held:
+                lock.release()
 
-    def _compact_locked(self, session_id: str, report: CompactReport, frame_bytes: int, level: int,
-                        progress: Callable[[int], None] | None) -> CompactReport:
+    def _compact_once(self, session_id: str, report: CompactReport, frame_bytes: int, level: int,
+                      progress: Callable[[int], None] | None, held: list[FileLock]) -> CompactReport | None:
+        """One compaction attempt; the lock is taken (into ``held``) only to replace the
+        log. None when the log grew or was replaced before the lock was taken: the caller
+        tries again, holding it."""
         fs, path = self.fs, report.path
         fd = self.open_read(session_id)
         track_log_fd(fd)  # it will carry the fence: a child forked from now on must not keep it
@@ -433,6 +450,11 @@ class ZstdStore(FileStore):
             fs.close(tmp_fd)
             tmp_fd = None
             self._verify_copy(tmp, session_id, scanner, digest.digest())
+            if not held:
+                held.append(self.take_lock(session_id, 0.0))
+                now = fs.stat(path)
+                if (now.st_ino, now.st_size) != (st.st_ino, st.st_size):
+                    return None  # a writer appended before the lock was taken: again, under it
             # Fenced as an append is: holding the old log's write lock from this check to
             # the rename, no append of a writer that lost its lock lands in the old file
             # after the check (and is lost with it); one that comes later finds the file

@@ -118,6 +118,45 @@ def test_an_owned_session_is_not_compacted(tmp_path):
     assert (tmp_path / "s.jsonl.zst").read_bytes() == data
 
 
+def test_compact_makes_no_lock_file_unless_it_replaces_the_log(tmp_path):
+    """A log already compact, or damaged, is left as it is with no lock file made for it
+    (lock files are never removed): the lock is taken only to replace the log."""
+    store = open_zstd(str(tmp_path))
+    fill(store, "s", 20)
+    fill(store, "d", 20)
+    assert store.compact("s").status == "compacted"
+    torn = tmp_path / "d.jsonl.zst"
+    torn.write_bytes(torn.read_bytes()[:-5])
+    for name in os.listdir(tmp_path):
+        if name.endswith(".lock"):
+            os.unlink(tmp_path / name)
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert store.compact("s").status == "unchanged"
+    assert store.compact("d").status == "refused"
+    assert [row.status for row in compact(f"zstd:{tmp_path}")] == ["refused", "unchanged"]
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before
+
+
+def test_an_append_while_compact_copies_the_log_is_kept(tmp_path):
+    """The copy is made before the lock is taken: an append that lands meanwhile (another
+    writer holding the lock for it) makes compact copy the log again under the lock, and
+    the compacted log holds it."""
+    store = open_zstd(str(tmp_path))
+    fill(store, "s", 300)
+    other = sessionlog.open_store(f"zstd:{tmp_path}")
+    appended: list[int] = []
+
+    def append_once(_done: int) -> None:
+        if not appended:
+            appended.append(other.append("s", [{"type": "during", "k": 1}]))
+
+    report = store.compact("s", frame_bytes=4096, progress=append_once)
+    assert report.status == "compacted" and appended == [302]
+    records = [record.raw for record in store.read("s")]
+    assert len(records) == 302 and b'"type":"during"' in records[-1]
+    assert store.scan("s").status.value == "clean"
+
+
 def test_appends_after_compaction_continue_the_log(tmp_path):
     store = open_zstd(str(tmp_path))
     fill(store, "s", 10)
