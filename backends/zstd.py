@@ -453,7 +453,7 @@ class ZstdStore(FileStore):
             if not held:
                 held.append(self.take_lock(session_id, 0.0))
                 now = fs.stat(path)
-                if (now.st_ino, now.st_size) != (st.st_ino, st.st_size):
+                if (now.st_ino, now.st_size, now.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
                     return None  # a writer appended before the lock was taken: again, under it
             # Fenced as an append is: holding the old log's write lock from this check to
             # the rename, no append of a writer that lost its lock lands in the old file
