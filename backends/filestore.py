@@ -43,7 +43,6 @@ from sessionlog.durable import (
     FileLock,
     FileSystem,
     durable_append,
-    durable_truncate,
     ensure_name_durable,
     ensure_store_dir,
     file_state,
@@ -948,7 +947,23 @@ class FileStore:
                             _chunks(fs, fd, damage.offset, damage.offset + damage.length),
                         )
                     # 2. The log is cut back to its stable prefix (durable on return).
-                    durable_truncate(fs, fd, damage.offset)
+                    try:
+                        fs.ftruncate(fd, damage.offset)
+                    except OSError as exc:
+                        if report.publish_quarantine:
+                            # Nothing was cut (an append-only file, say): the copy just
+                            # published is withdrawn, and the failed repair changed nothing.
+                            fs.unlink(report.quarantine)
+                            fsync_dir(fs, self.directory)
+                        raise IOFailure(f"{path}: repair failed cutting the log at offset {damage.offset}: "
+                                        f"{exc.strerror or exc}; the log was left as it was") from exc
+                    try:
+                        fs.fsync(fd)
+                    except OSError as exc:
+                        raise IOFailure(
+                            f"{path}: repair failed after quarantining the tail in {report.quarantine} "
+                            f"(the next repair names it): fsync: {exc.strerror or exc}"
+                        ) from exc
                 # 3. Marker, synthetic results and closers, in that order, in durable batches
                 #    of at most the batch limit: a crash between two leaves a clean log whose
                 #    next repair answers what is still unanswered and closes what is open.

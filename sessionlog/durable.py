@@ -364,12 +364,6 @@ def durable_append(fs: FileSystem, fd: int, data: bytes, end: int) -> int:
         raise AppendFailed(f"append failed and was rolled back to offset {end}: {exc!r}") from exc
 
 
-def durable_truncate(fs: FileSystem, fd: int, size: int) -> None:
-    """Cut the file to ``size``; after return the cut survives power loss."""
-    fs.ftruncate(fd, size)
-    fs.fsync(fd)
-
-
 def quarantine_name(log_name: str, offset: int, kind: str) -> str:
     """A never-reused sibling name for the tail cut from ``log_name`` at ``offset``:
     ``<log>.<offset>.<kind>.<utc stamp>-<random>.quarantine``."""

@@ -245,6 +245,11 @@ def test_repair_interrupted_after_its_cut_is_finished_by_the_next(tmp_path):
     assert store.repair("s1").status == "clean"
 
 
+class Crash(BaseException):
+    """The process stopping where it is raised (nothing after it runs, no handler but the
+    test's own)."""
+
+
 def test_repair_interrupted_before_its_cut_reuses_the_quarantine(tmp_path):
     fs = Faulty()
     store = open_jsonl(str(tmp_path / "st"), fs=fs)
@@ -252,13 +257,59 @@ def test_repair_interrupted_before_its_cut_reuses_the_quarantine(tmp_path):
     path = tmp_path / "st" / "s1.jsonl"
     with open(path, "ab") as f:
         f.write(b"\0" * 100)
-    fs.fail("ftruncate")
-    with pytest.raises(sessionlog.SessionLogError):
+    fs.fail("ftruncate", exc=Crash())
+    with pytest.raises(Crash):
         store.repair("s1")
+    assert len([n for n in os.listdir(path.parent) if n.endswith(".quarantine")]) == 1
     rep = store.repair("s1")
     quarantines = [n for n in os.listdir(path.parent) if n.endswith(".quarantine")]
     assert len(quarantines) == 1
     assert [r["type"] for r in rep.appended] == ["log/truncated"]
+    assert store.scan("s1").status == "clean"
+
+
+def test_a_repair_that_cannot_cut_the_log_leaves_no_quarantine(tmp_path):
+    """The cut fails (an append-only file refuses it): the tail's copy, published just
+    before, is withdrawn; the error says where and why; the log keeps every byte and a
+    second scan finds no quarantine to name."""
+    fs = Faulty()
+    store = open_jsonl(str(tmp_path / "st"), fs=fs)
+    store.create("s1")
+    path = tmp_path / "st" / "s1.jsonl"
+    with open(path, "ab") as f:
+        f.write(b'{"seq":2,"ts"')
+    data = path.read_bytes()
+    fs.fail("ftruncate", exc=OSError(errno.EPERM, "Operation not permitted"))
+    with pytest.raises(sessionlog.IOFailure, match="cutting the log at offset .*Operation not permitted"):
+        store.repair("s1")
+    assert path.read_bytes() == data
+    assert not [n for n in os.listdir(path.parent) if n.endswith(".quarantine")]
+    assert store.scan("s1").unmarked_quarantines == []
+
+
+def test_a_repair_whose_cut_is_not_made_durable_names_its_quarantine(tmp_path):
+    """The cut is made but its fsync fails: the quarantine stays (the log may have lost
+    the tail), the error names it, and the next repair marks it."""
+    fs = Faulty()
+    store = open_jsonl(str(tmp_path / "st"), fs=fs)
+    store.create("s1")
+    path = tmp_path / "st" / "s1.jsonl"
+    with open(path, "ab") as f:
+        f.write(b'{"seq":2,"ts"')
+    real_ftruncate = fs.ftruncate
+
+    def ftruncate(fd, size):
+        real_ftruncate(fd, size)
+        fs.fail("fsync")
+
+    fs.ftruncate = ftruncate
+    with pytest.raises(sessionlog.IOFailure, match=r"after quarantining the tail in .*\.quarantine") as info:
+        store.repair("s1")
+    [quarantine] = [n for n in os.listdir(path.parent) if n.endswith(".quarantine")]
+    assert quarantine in str(info.value)
+    fs.ftruncate = real_ftruncate
+    rep = store.repair("s1")
+    assert [r["type"] for r in rep.appended] == ["log/truncated"] and rep.appended[0]["quarantine"] == quarantine
     assert store.scan("s1").status == "clean"
 
 
