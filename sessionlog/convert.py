@@ -33,6 +33,7 @@ from .contract import (
     SessionNotFound,
     read_prefix,
 )
+from .durable import printable
 from .events import LOG_TRUNCATED, Record
 from .exits import worst
 from .targets import StoreTarget, destination, local_path, resolve, resolve_target
@@ -271,10 +272,10 @@ def _convert_one(src: EventStore, dst_: Destination, sid: str, repaired: bool, f
             if scan.damage is not None and scan.damage.kind.needs_force:
                 reason = f"{reason}; convert --repaired --force cuts it in the copy only (SRC is never written)"
             return ConvertResult(sid, "refused", reason=reason, scan=scan)
-        appended = [_copy_record(r, scan.path) for r in plan.appended]
+        appended = [unwritten_record(r, scan.path) for r in plan.appended]
     elif repaired and scan.transcript_open:
         plan = src.repair(sid, dry_run=True)
-        appended = [_copy_record(r, scan.path) for r in plan.appended]
+        appended = [unwritten_record(r, scan.path) for r in plan.appended]
     notes: list[str] = []
     skipped = scan.skipped_frames
     if skipped:
@@ -375,15 +376,16 @@ def digest(records: Iterable[Record]) -> bytes:
     return hasher.digest()
 
 
-def _copy_record(record: object, src_path: str | None) -> Record:
-    """A repair-plan record as the copy gets it: a ``log/truncated`` marker names no
-    quarantine (none is written: the dropped bytes stay in SRC) and says where they are."""
+def unwritten_record(record: object, src_path: str | None) -> Record:
+    """A repair-plan record as a copy or a view of the repaired session gets it: a
+    ``log/truncated`` marker names no quarantine (none is written: the dropped bytes stay
+    in SRC) and says where they are (``source``)."""
     if isinstance(record, Record) and record.type != LOG_TRUNCATED:
         return record
     fields = dict(record)  # type: ignore[call-overload]
     if fields.get("type") == LOG_TRUNCATED and fields.get("quarantine") is not None:
         fields["quarantine"] = None
-        fields["source"] = src_path
+        fields["source"] = None if src_path is None else printable(src_path)  # a name that is not UTF-8: escaped
     return Record.from_line(_raw(fields))
 
 

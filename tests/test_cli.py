@@ -732,3 +732,17 @@ def test_an_internal_error_exits_4_not_the_repairable_code(monkeypatch, capsys):
     assert main(["scan", os.path.join(FIXTURES, "healthy.jsonl")]) == 4
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: boom" in err and "a bug: please report it" in err
+
+
+@pytest.mark.parametrize("view", ["events", "openai", "responses", "anthropic"])
+def test_show_of_a_log_with_a_cut_names_no_quarantine_and_is_the_same_every_time(fixtures_copy, view):
+    """show writes nothing: the repaired view's marker names no quarantine file (none is
+    made; it named a new random one on each run) but the log that keeps the bytes."""
+    path = fixtures_copy / "mid-log.jsonl"
+    first = run("show", str(path), "--format", view)
+    assert first == run("show", str(path), "--format", view) and first[0] == 0
+    if view == "events":
+        [marker] = [json.loads(x) for x in first[1].splitlines() if '"log/truncated"' in x]
+        assert marker["quarantine"] is None and marker["source"] == str(path)
+    assert ".quarantine" not in first[1]
+    assert not [n for n in os.listdir(fixtures_copy) if n.endswith(".quarantine")]
