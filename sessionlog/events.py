@@ -20,6 +20,7 @@ from operator import itemgetter
 from typing import Annotated, Any, Final, Literal, TypeVar, overload
 
 import msgspec
+from msgspec import to_builtins
 
 FORMAT: Final = "sessionlog/1"
 """The value of ``format`` in the ``session/start`` header this version writes and reads."""
@@ -958,7 +959,7 @@ def _encode_fast(
 _TYPE_FIRST = b'\n{"type":'
 _TYPE_HEAD = _TYPE_FIRST[1:]
 _SEQ = b'{"seq":'
-_CUT = b"\x00"
+_NL_SEQ = b'\n{"seq":'
 
 
 def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, as_lines: bool) -> list[bytes] | bytes | None:
@@ -988,12 +989,14 @@ def _spliced(events: Sequence[dict[str, Any]], seqs: Sequence[int], ts: bytes, a
     middle = b',"ts":' + ts + b',"type":'
     if as_lines:
         rests[-1] = rests[-1][:-1]  # its newline
-        heads = (_SEQ + (middle + _CUT + _SEQ).join(seq_texts) + middle).split(_CUT)
-        return list(map(bytes.__add__, heads, rests))
-    heads = (_SEQ + (middle + _CUT + b"\n" + _SEQ).join(seq_texts) + middle).split(_CUT)
-    parts: list[bytes] = [b""] * (2 * n)
-    parts[0::2] = heads
-    parts[1::2] = rests
+        return list(map(b"".join, zip(repeat(_SEQ), seq_texts, repeat(middle), rests)))
+    # Four pieces a record, joined once: '{"seq":' (after a newline but the first), the
+    # seq's digits, the ts and type's key, the rest of the encoded event.
+    parts = [middle] * (4 * n)
+    parts[0::4] = repeat(_NL_SEQ, n)
+    parts[0] = _SEQ
+    parts[1::4] = seq_texts
+    parts[3::4] = rests
     return b"".join(parts)
 
 
@@ -1066,21 +1069,39 @@ def _plain(events: Sequence[dict[str, Any]]) -> bool:
     byte, as one compact line. False otherwise (a ``msgspec.Raw``, a subclass, any
     other type, or too deep): the caller proves such a batch another way.
 
-    Walks the values level by level, a few C calls a level: are they all scalars (the
-    last level; the search stops at the first container otherwise), the set of their
-    types (each one of the plain types), and the values of the next level,
-    :func:`_members_of` all of them at once (the scalars, not containers the collector
-    tracks, give none)."""
+    Walks the values level by level, a few C calls a level: the values of the next
+    level, :func:`_members_of` all of them at once (the scalars, not containers the
+    collector tracks, give none); at the last level (nothing below it) one C-level
+    pass, :func:`_exact_leaves`, proves the usual case, exact scalars; otherwise are
+    they all scalars (the search stops at the first container), the set of their
+    types (each one of the plain types), and on to the next level."""
     values = _members_of(events)
     depth = 2  # of the values in ``values``: a container among them makes the record this deep
     while True:
+        inner = _members_of(values)
+        if not inner and depth <= MAX_DEPTH and _exact_leaves(values):
+            return True
         if _SCALARS.issuperset(map(type, values)):  # stops at the first container: cheap either way
             return True
         kinds = set(map(type, values))
         if depth > MAX_DEPTH or not _PLAIN_KINDS.issuperset(kinds):
             return False
-        values = _members_of(values)
+        values = inner
         depth += 1
+
+
+def _exact_leaves(values: list[Any]) -> bool:
+    """True when ``values`` (none of them holding anything the collector sees) are each
+    an exact JSON scalar or an empty dict, list or tuple, in one C-level pass (cheaper
+    than the type of each): ``msgspec.to_builtins`` gives back the very same object for
+    each of those (an empty container an equal one), calls the hook (which refuses) for
+    a subclass, a ``msgspec.Raw`` or a type it does not know, and converts every other
+    type it knows (bytes, datetime, Decimal, a set, a Struct...) into an object of
+    another type, which compares unequal. False also when in doubt."""
+    try:
+        return to_builtins(values, enc_hook=_refuse_verbatim) == values
+    except (_Verbatim, TypeError, ValueError, OverflowError, RecursionError, msgspec.MsgspecError):
+        return False
 
 
 _PLAIN_KINDS = _SCALARS | _DICT | _SEQUENCES
