@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import traceback
@@ -867,12 +868,20 @@ def cmd_salvage(args: argparse.Namespace, out: TextIO) -> int:
     from .salvage import salvage
     from .targets import destination
 
-    if os.path.isdir(args.source):
-        raise TargetNotFound(f"{args.source}: is a directory; salvage reads one log file (name it: DIR/<id>.jsonl)")
-    if not os.path.isfile(args.source):
-        raise TargetNotFound(f"{args.source}: no such log file")
-    dst_url, named = destination(args.dst)
-    report = salvage(args.source, dst_url)
+    try:
+        if os.path.isdir(args.source):
+            raise TargetNotFound(f"{args.source}: is a directory; salvage reads one log file (name it: DIR/<id>.jsonl)")
+        if not os.path.lexists(args.source):
+            raise TargetNotFound(f"{args.source}: no such log file")
+        if not os.path.isfile(args.source):
+            raise TargetNotFound(f"{args.source}: not a regular file ({_file_kind(args.source)}); salvage reads "
+                                 "one log file")
+        dst_url, named = destination(args.dst)
+        report = salvage(args.source, dst_url)
+    except SessionLogError as exc:
+        if args.json:  # a row on every command, a failure's too
+            emit_json(out, {"session": None, "source": args.source, "error": str(exc)})
+        raise
     if named is not None and named != report.session:
         note(f"note: the session is {report.session!r} (its header's id), not {named!r}")
     row = report.to_json()
@@ -890,6 +899,20 @@ def cmd_salvage(args: argparse.Namespace, out: TextIO) -> int:
             note(f"warning: records {first}..{last} come from a frame that failed its checksum: they decode, "
                  "but a flipped byte may have altered them; check them before trusting them")
     return EXIT_OK
+
+
+def _file_kind(path: str) -> str:
+    """What the name ``path`` is, in words, when it is not a regular file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    for test, kind in ((stat.S_ISLNK, "a dangling symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a file"
 
 
 def _print_result_table(rows: list[dict[str, Any]], out: TextIO, columns: Sequence[str], *,

@@ -746,3 +746,19 @@ def test_show_of_a_log_with_a_cut_names_no_quarantine_and_is_the_same_every_time
         assert marker["quarantine"] is None and marker["source"] == str(path)
     assert ".quarantine" not in first[1]
     assert not [n for n in os.listdir(fixtures_copy) if n.endswith(".quarantine")]
+
+
+def test_salvage_names_what_a_source_that_is_not_a_file_is_and_gives_a_json_row(tmp_path, capsys):
+    """salvage of a FIFO says it is a FIFO (not "no such log file"), and with --json a
+    failure is a row on standard output, as on every command; nothing is created."""
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    dst = tmp_path / "out"
+    code, out = run("salvage", str(fifo), f"jsonl:{dst}", "--json")
+    err = capsys.readouterr().err
+    assert code == 4 and "not a regular file (a FIFO)" in err and "Traceback" not in err
+    [row] = json_lines(out)
+    assert row["session"] is None and row["source"] == str(fifo) and "a FIFO" in row["error"]
+    code, out = run("salvage", str(tmp_path / "missing.jsonl"), f"jsonl:{dst}", "--json")
+    assert code == 4 and "no such log file" in json_lines(out)[0]["error"]
+    assert not dst.exists()
