@@ -137,12 +137,15 @@ def check_header(record: Record, session_id: str | None, where: str) -> None:
     fields = record.to_dict()
     fmt = fields.get("format")
     if fmt != FORMAT:
+        said = "has no format" if fmt is None else f"is in format {fmt!r}"
         raise UnsupportedFormat(
-            f"{where}: format {fmt!r} is not supported (this version reads {FORMAT!r})", path=where
+            f"{where}: its header {said}, which is not supported (this version reads {FORMAT!r})", path=where
         )
     if session_id is not None and fields.get("session") != session_id:
+        named = fields.get("session")
         raise CorruptLog(
-            f"{where}: not the log of session {session_id!r}: its header names {fields.get('session')!r}",
+            f"{where}: not the log of session {session_id!r}: its header names "
+            + ("no session" if named is None else repr(named)),
             path=where, offset=0,
         )
 

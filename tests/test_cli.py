@@ -762,3 +762,18 @@ def test_salvage_names_what_a_source_that_is_not_a_file_is_and_gives_a_json_row(
     code, out = run("salvage", str(tmp_path / "missing.jsonl"), f"jsonl:{dst}", "--json")
     assert code == 4 and "no such log file" in json_lines(out)[0]["error"]
     assert not dst.exists()
+
+
+def test_a_header_without_a_format_or_a_session_is_said_so_not_as_none(tmp_path, capsys):
+    """Messages say what a header lacks, in words, never Python's ``None``."""
+    no_format = tmp_path / "a.jsonl"
+    no_format.write_bytes(b'{"seq":1,"ts":1.0,"type":"session/start","session":"a"}\n')
+    assert run("scan", str(no_format))[0] == 4
+    err = capsys.readouterr().err
+    assert "its header has no format" in err and "None" not in err
+    store = sessionlog.open_store(f"jsonl:{tmp_path}")
+    no_session = tmp_path / "b.jsonl"
+    no_session.write_bytes(b'{"seq":1,"ts":1.0,"type":"session/start","format":"sessionlog/1"}\n')
+    with pytest.raises(sessionlog.CorruptLog) as info:
+        store.scan("b")
+    assert "its header names no session" in str(info.value) and "None" not in str(info.value)
