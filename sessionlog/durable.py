@@ -55,7 +55,10 @@ class FileSystem:
             fd = os.open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode)
         except OSError as exc:
             if exc.errno == errno.ELOOP and os.path.islink(path):
-                raise NotARegularFile(errno.ELOOP, "a symbolic link (never opened through a link)", path) from exc
+                raise NotARegularFile(
+                    errno.ELOOP, "a symbolic link (never opened through a link: name the file it points to, "
+                    f"{os.path.realpath(path)})", path,
+                ) from exc
             raise
         try:
             kind = stat.S_IFMT(os.fstat(fd).st_mode)

@@ -690,6 +690,7 @@ def test_a_symlink_at_a_session_or_lock_path_is_refused_saying_so(tmp_path, sche
         assert isinstance(exc, sessionlog.IOFailure), (what, exc)
         assert path in str(exc) and "symbolic link" in str(exc) and "too many levels" not in str(exc).lower(), \
             (what, str(exc))
+        assert f"name the file it points to, {target}" in str(exc), str(exc)  # what to do instead
     assert target.read_bytes() == before and os.path.islink(path)
 
 
