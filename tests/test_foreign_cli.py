@@ -669,3 +669,15 @@ def test_show_json_of_a_foreign_file_is_one_item_per_line(tool, view):
     expected = ([{"system": document["system"]}] if "system" in document else []) + document.get(
         "messages", document.get("input"))
     assert items == expected and len(items) > 2
+
+
+@pytest.mark.parametrize("command", ["scan", "repair"])
+def test_input_format_on_a_directory_of_sessionlog_logs_says_what_to_do(tmp_path, capsys, command):
+    """--input-format on a directory holding only sessionlog logs: nothing on standard
+    output (no empty table), and the note tells to drop --input-format (it told to name
+    the very directory named)."""
+    shutil.copy(os.path.join(FIXTURES, "healthy.jsonl"), tmp_path / "healthy.jsonl")
+    code, out = run(command, str(tmp_path), "--input-format", "claude-code")
+    err = capsys.readouterr().err
+    assert code == 0 and out == ""
+    assert "no Claude Code transcripts or Codex rollouts" in err and "without --input-format" in err

@@ -168,8 +168,12 @@ def _skipped_note(target: ForeignTarget) -> None:
         count = sum(target.log_dirs.values())
         dirs = sorted(target.log_dirs)
         shown = ", ".join(dirs[:3]) + (f" and {len(dirs) - 3} more" if len(dirs) > 3 else "")
-        print(f"note: {count} sessionlog log(s) under {target.root} are not scanned with the Claude Code "
-              f"and Codex files: name their directory to work on them ({shown})", file=sys.stderr)
+        if dirs == [target.root]:  # only with --input-format: a directory of logs is a store otherwise
+            print(f"note: {count} sessionlog log(s) in {target.root} are not read as Claude Code or Codex "
+                  "files: name the directory without --input-format to work on them", file=sys.stderr)
+        else:
+            print(f"note: {count} sessionlog log(s) under {target.root} are not scanned with the Claude Code "
+                  f"and Codex files: name their directory to work on them ({shown})", file=sys.stderr)
     if target.other_format:
         print(f"note: {target.other_format} file(s) under {target.root} are of another format than "
               "--input-format says; skipped", file=sys.stderr)
@@ -249,7 +253,8 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             "" if row["records"] is None else str(row["records"]), d.get("kind", ""), str(d.get("offset", "")),
             str(d.get("length", "")), ", ".join(row["unanswered_calls"]), ", ".join(row["orphan_results"]))
     console = terminal_console(out)
-    console.print(table)
+    if rows:
+        console.print(table)
     for row in rows:
         for finding in row["findings"]:
             console.print(f"{row['file']}:{finding['line']}: {finding['detail']}", markup=False, highlight=False)
@@ -260,7 +265,7 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
         if "error" in row:
             console.print(f"[red]{row['file']}[/]: {row['error']}", highlight=False)
     if not rows:
-        console.print("no Claude Code transcripts or Codex rollouts")
+        print("note: no Claude Code transcripts or Codex rollouts", file=sys.stderr)
 
 
 # --- repair ----------------------------------------------------------------------------
@@ -353,12 +358,13 @@ def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> 
                       str(row["truncated_bytes"]), answered, ", ".join(map(str, row["changed_lines"])),
                       os.path.basename(row["backup"]) if row["backup"] else (row["reason"] or ""))
     console = terminal_console(out)
-    console.print(table)
+    if rows:
+        console.print(table)
     for row in rows:
         if row["quarantine"]:
             console.print(f"{row['file']}: removed lines kept in {row['quarantine']}", markup=False, highlight=False)
     if not rows:
-        console.print("no Claude Code transcripts or Codex rollouts")
+        print("note: no Claude Code transcripts or Codex rollouts", file=sys.stderr)
 
 
 # --- show ------------------------------------------------------------------------------
