@@ -249,6 +249,7 @@ def _targets(args: argparse.Namespace, stack: contextlib.ExitStack, *, stdin: bo
         if foreign:
             claimed = _foreign_claim(path, getattr(args, "input_format", None))
             if claimed is not None:
+                claimed.shown_as = shown
                 out.append(claimed)
                 continue
         try:

@@ -681,3 +681,19 @@ def test_input_format_on_a_directory_of_sessionlog_logs_says_what_to_do(tmp_path
     err = capsys.readouterr().err
     assert code == 0 and out == ""
     assert "no Claude Code transcripts or Codex rollouts" in err and "without --input-format" in err
+
+
+def test_a_foreign_file_on_standard_input_is_named_as_standard_input(tmp_path):
+    """scan - and show - of a Codex rollout name it "-" in the table, the rows and the
+    notes, never the private spool file (deleted when the command ends)."""
+    data = open(os.path.join(CODEX, "dangling-call.jsonl"), "rb").read()
+    for args in (["scan", "-"], ["scan", "-", "--json"], ["show", "-", "--format", "responses"]):
+        proc = subprocess.run([sys.executable, "-m", "sessionlog", *args], input=data, capture_output=True)
+        assert proc.returncode in (0, 1), proc.stderr
+        text = (proc.stdout + proc.stderr).decode()
+        assert "stdin" not in text
+        if args[-1] == "--json":
+            row = json.loads(proc.stdout)
+            assert row["file"] == row["path"] == "-"
+        else:
+            assert "-:19:" in text, text

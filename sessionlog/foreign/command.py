@@ -52,6 +52,7 @@ class ForeignTarget:
     skipped: int = 0  # files of no format known here
     log_dirs: dict[str, int] = field(default_factory=dict)  # directory -> sessionlog logs in it (skipped)
     other_format: int = 0  # files shown to be another format than --input-format's (skipped)
+    shown_as: str | None = None  # how to name the one file in what is printed (standard input: "-")
 
 
 def _is_sessionlog(head: bytes) -> bool:
@@ -153,6 +154,8 @@ def _progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
 
 
 def _name(target: ForeignTarget, path: str) -> str:
+    if target.shown_as is not None:
+        return target.shown_as
     return os.path.relpath(path, target.root) if target.root is not None else os.path.basename(path)
 
 
@@ -185,25 +188,28 @@ def _skipped_note(target: ForeignTarget) -> None:
 # --- scan ------------------------------------------------------------------------------
 
 
-def scan_row(path: str, fmt: ForeignFormat, name: str, held: OpenFiles | None = None) -> dict[str, Any]:
+def scan_row(path: str, fmt: ForeignFormat, name: str, held: OpenFiles | None = None, *,
+             shown: str | None = None) -> dict[str, Any]:
     """What a scan says about one file, in the keys of a sessionlog scan row plus
     ``file``, ``format``, ``orphan_results``, ``findings`` and ``in_use`` (``held``: the
-    open files of other processes, taken once for many files). Never writes."""
+    open files of other processes, taken once for many files; ``shown``: the name the row
+    gives the file, standard input's "-", say). Never writes."""
+    shown = path if shown is None else shown
     try:
         snap = read(path)
         exam = examine(snap.data, fmt)
         busy = in_use(path, fmt, held)
     except SessionLogError as exc:
-        return {"session": _session(path, None), "file": name, "path": path, "format": fmt.name,
+        return {"session": _session(shown, None), "file": name, "path": shown, "format": fmt.name,
                 "records": None, "status": str(Status.ERROR), "damage": None, "open_turn": None,
                 "open_step": None, "unanswered_calls": [], "orphan_results": [], "findings": [],
-                "in_use": [], "error": str(exc)}
+                "in_use": [], "error": str(exc).replace(path, shown)}
     damage = exam.tail_damage
     status = exam.status(in_use=bool(busy))
     if not exam.lines or not any(line.obj is not None for line in exam.lines):
         status = Status.ERROR
     row = {
-        "session": _session(path, exam), "file": name, "path": path, "format": fmt.name,
+        "session": _session(shown, exam), "file": name, "path": shown, "format": fmt.name,
         "records": len(exam.lines), "status": str(status),
         "damage": damage.to_json() if damage is not None else None,
         "open_turn": None, "open_step": None,
@@ -211,7 +217,7 @@ def scan_row(path: str, fmt: ForeignFormat, name: str, held: OpenFiles | None = 
         "findings": [f.to_json() for f in exam.findings], "in_use": busy,
     }
     if status is Status.ERROR:
-        row["error"] = f"{path}: no line decodes as a {fmt.title}"
+        row["error"] = f"{shown}: no line decodes as a {fmt.title}"
     elif status is Status.NEEDS_FORCE and (refusal := exam.in_place_refusal) is not None:
         row["reason"] = refusal
     return row
@@ -223,7 +229,7 @@ def run_scan(target: ForeignTarget, *, as_json: bool, out: TextIO) -> int:
     held = open_files()
     with _progress("scanning", len(target.files)) as advance:
         for path, fmt in target.files:
-            row = scan_row(path, fmt, _name(target, path), held)
+            row = scan_row(path, fmt, _name(target, path), held, shown=target.shown_as)
             codes.append(STATUS_EXIT[Status(row["status"])])
             if as_json:
                 out.write(dumps(row) + "\n")
@@ -381,22 +387,23 @@ def run_show(target: ForeignTarget, *, view_format: str, check: bool, out: TextI
     if len(target.files) != 1:
         raise ForeignUsageError(f"{target.root}: show needs exactly one file (found {len(target.files)})")
     path, fmt = target.files[0]
+    shown = path if target.shown_as is None else target.shown_as
     from ..projection import check_pairing, json_lines_of, project
 
     snap = read(path)
     exam = examine(snap.data, fmt, force=True)
     damage = exam.tail_damage
     if damage is not None:
-        print(f"warning: {path}: {damage.kind} at offset {damage.offset} ({damage.reason}); showing the file "
+        print(f"warning: {shown}: {damage.kind} at offset {damage.offset} ({damage.reason}); showing the file "
               f"without {'the undecodable lines' if exam.needs_force else 'its damaged last line'}", file=sys.stderr)
     as_is = check_pairing(fmt.native_items(exam.lines), fmt.native_view)
     if as_is is not None:
         fixes = ("`sessionlog repair` fixes it" if exam.in_place_refusal is None
                  else "`sessionlog repair` refuses to change it (see `sessionlog scan`)")
-        print(f"note: {path} as it is fails the {fmt.native_view} pairing check ({as_is.message}); "
+        print(f"note: {shown} as it is fails the {fmt.native_view} pairing check ({as_is.message}); "
               f"{fixes}; this is the repaired view", file=sys.stderr)
     for finding in exam.findings:  # what the view differs from the file by, and what it cannot mend
-        print(f"note: {path}:{finding.line}: {finding.detail}", file=sys.stderr)
+        print(f"note: {shown}:{finding.line}: {finding.detail}", file=sys.stderr)
     lines = exam.repaired_lines()
     events = fmt.events(lines)
     if view_format == "events":
