@@ -88,49 +88,68 @@ def restore(store: Any, session_id: str, *, dry_run: bool = False) -> RestoreRep
 def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> RestoreReport:
     path = store.path_of(sid)
     report = RestoreReport(sid, path, "nothing")
-    marker = None
-    after = 0
-    unsynthetic = None
+    marker = None  # the latest repair's marker
+    markers: list[Any] = []  # the markers after the latest record no repair wrote
+    last_seq = 0
+    unsynthetic = None  # the latest record no repair wrote
     for record in read_prefix(store, sid):
+        last_seq = record.seq
         if record.type == LOG_TRUNCATED and isinstance(record.get("quarantine"), str):
-            marker, after, unsynthetic = record, 0, None
-        elif marker is not None:
-            after += 1
-            if record.get("synthetic") is not True and unsynthetic is None:
-                unsynthetic = record
+            marker = record
+            markers.append(record)
+        elif record.get("synthetic") is not True:
+            unsynthetic = record
+            markers = []
     if marker is None:
         report.reason = "no repair of this session quarantined anything"
         return report
-    name = marker["quarantine"]
-    report.quarantine = os.path.join(store.directory, name)
     report.offset = offset = marker["offset"]
-    report.removed_records = after + 1
-    if unsynthetic is not None:
+    if not markers:
+        report.quarantine = os.path.join(store.directory, marker["quarantine"])
         return _refused(report, f"record {unsynthetic.seq} ({unsynthetic.type}) was appended after the repair "
                         f"that cut at offset {offset}: restoring would lose it")
     fs = store.fs
-    try:
-        q_fd = fs.open(report.quarantine, os.O_RDONLY | O_NOFOLLOW)
-    except FileNotFoundError:
-        return _refused(report, f"the quarantine {name} named by the repair's marker (seq {marker.seq}) is gone")
-    except OSError as exc:
-        raise IOFailure(f"{report.quarantine}: cannot read the quarantine: {exc.strerror or exc}") from exc
     fd = store.open_read(sid)
     track_log_fd(fd)  # it will carry the fence: a child forked from now on must not keep it
+    q_fds: list[int] = []
     try:
         st = fs.fstat(fd)
-        q_size = fs.fstat(q_fd).st_size
-        if q_size != marker.get("dropped_bytes", q_size):
-            return _refused(report, f"the quarantine holds {q_size} bytes, the marker says "
-                            f"{marker['dropped_bytes']}")
         scanner = store.framing.scan(_bounded(fs, fd, offset), session_id=sid, where=path,
                                      limits=store.limits, owned=False)
         for _ in scanner:
             pass
-        if scanner.damage is not None or scanner.stable_offset != offset or scanner.last_seq != marker.seq - 1:
+        # The latest repair's batch starts at the offset it cut at: its marker (after the
+        # markers of earlier repairs it finished: their quarantines published and their cuts
+        # made, their markers not yet durable when they stopped), then results and closers;
+        # every record after the offset is one a repair wrote.
+        batch = [m for m in markers if m.seq > scanner.last_seq]
+        if (scanner.damage is not None or scanner.stable_offset != offset or not batch
+                or (unsynthetic is not None and unsynthetic.seq > scanner.last_seq)):
+            report.quarantine = os.path.join(store.directory, marker["quarantine"])
             return _refused(report, f"the log's first {offset} bytes are not the prefix the repair left "
-                            f"(records 1..{marker.seq - 1})")
-        report.restored_bytes = q_size
+                            f"(records before its batch; its marker is seq {marker.seq}), or records a "
+                            "writer appended follow them: restoring would lose them")
+        # Finished repairs that cut at this very offset had cut there first: the bytes there
+        # before any repair are the oldest quarantine's; the newer ones hold what a stopped
+        # repair had begun to write after its cut (its own output, undone with it).
+        undone = [m for m in batch if m["offset"] == offset] if batch[0]["offset"] == offset else [marker]
+        first = undone[0]
+        name = first["quarantine"]
+        report.quarantine = os.path.join(store.directory, name)
+        report.removed_records = last_seq - scanner.last_seq
+        for m in undone:
+            try:
+                q_fds.append(fs.open(os.path.join(store.directory, m["quarantine"]), os.O_RDONLY | O_NOFOLLOW))
+            except FileNotFoundError:
+                return _refused(report, f"the quarantine {m['quarantine']} named by the repair's marker "
+                                f"(seq {m.seq}) is gone")
+            except OSError as exc:
+                raise IOFailure(f"{m['quarantine']}: cannot read the quarantine: {exc.strerror or exc}") from exc
+            q_size = fs.fstat(q_fds[-1]).st_size
+            if q_size != m.get("dropped_bytes", q_size):
+                return _refused(report, f"the quarantine {m['quarantine']} holds {q_size} bytes, its marker "
+                                f"(seq {m.seq}) says {m['dropped_bytes']}")
+        report.restored_bytes = fs.fstat(q_fds[0]).st_size
         if dry_run:
             report.status = "restored"
             return report
@@ -141,18 +160,21 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
                 if lock is not None:
                     lock.check()  # the restore's lock file is still the one it locked
                 publish_replace(fs, store.directory, os.path.basename(path),
-                                _content(fs, fd, offset, q_fd), expect=st)
+                                _content(fs, fd, offset, q_fds[0]), expect=st)
         except FileExistsError:
             return _refused(report, "the log changed while it was being restored")
-        # The log holds the quarantined bytes again: the quarantine is no longer a cut tail.
-        fs.rename(report.quarantine, report.quarantine + ".restored")
+        # The log holds the quarantined bytes again: the quarantines are no longer cut tails.
+        for m in undone:
+            q = os.path.join(store.directory, m["quarantine"])
+            fs.rename(q, q + ".restored")
         fsync_dir(fs, store.directory)
     except OSError as exc:
         raise IOFailure(f"{path}: restore failed: {exc.strerror or exc}") from exc
     finally:
         untrack_log_fd(fd)
         fs.close(fd)
-        fs.close(q_fd)
+        for q_fd in q_fds:
+            fs.close(q_fd)
     store._tails.pop(sid, None)  # the remembered tail of this log is gone
     report.status = "restored"
     report.quarantine += ".restored"

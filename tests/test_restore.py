@@ -202,3 +202,68 @@ def test_restore_with_nothing_to_do_or_refused_leaves_the_directory_as_it_was(tm
         code, [row] = run("restore", str(tmp_path), *extra)
         assert code == 0 and row["status"] == "nothing"
         assert files(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["healthy.jsonl"]
+
+
+_KILLED_REPAIR = r"""
+import os, signal, sys
+import sessionlog
+from sessionlog.durable import FileSystem
+
+class KillMidMarker(FileSystem):
+    '''SIGKILLs the process 20 bytes into the first write after the repair's cut: the
+    marker batch is torn inside its first record, as a power cut or a kill may leave it.'''
+    cut = False
+
+    def ftruncate(self, fd, size):
+        super().ftruncate(fd, size)
+        self.cut = True
+
+    def write(self, fd, data):
+        if self.cut and len(data) > 1:
+            super().write(fd, data[:20])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().write(fd, data)
+
+store = sessionlog.open_store(sys.argv[1], fs=KillMidMarker())
+store.repair("s")
+"""
+
+
+@pytest.mark.parametrize("scheme", ["jsonl", "zstd"])
+def test_restore_undoes_a_repair_that_finished_one_killed_while_writing_its_marker(tmp_path, scheme):
+    """A repair killed while writing its marker leaves its cut made, its quarantine
+    unnamed and a torn batch; the next repair quarantines that too and names both. A
+    restore then gives back the log as it was before the first repair, byte for byte
+    (the torn batch was the stopped repair's own output), and the session scans as it
+    did then."""
+    import subprocess
+    import sys
+
+    url = f"{scheme}:{tmp_path}"
+    store = sessionlog.open_store(url)
+    store.create("s")
+    store.append("s", [{"type": "turn/start", "turn": "t"}, {"type": "step/start", "turn": "t", "step": 1},
+                       {"type": "assistant/message", "turn": "t", "step": 1, "content": None,
+                        "tool_calls": [{"id": "c1", "name": "f", "arguments": {}}]}])
+    store.append("s", [{"type": "tool/call", "turn": "t", "step": 1, "call_id": "c1", "name": "f"}])
+    path = store.path_of("s")
+    with open(path, "ab") as f:
+        f.write(b"\0" * 3000)
+    with open(path, "rb") as f:
+        original = f.read()
+    before = store.scan("s")
+    child = subprocess.run([sys.executable, "-c", _KILLED_REPAIR, url], capture_output=True)
+    assert child.returncode == -9, child.stderr
+    assert store.scan("s").unmarked_quarantines  # the stopped repair's cut tail, named by no marker
+    rep = store.repair("s")
+    assert rep.status == "repaired" and store.scan("s").status.value == "clean"
+    assert len([r for r in rep.appended if r["type"] == "log/truncated"]) == 2
+    from sessionlog.restore import restore
+
+    restored = restore(store, "s")
+    assert restored.status == "restored", restored.reason
+    with open(path, "rb") as f:
+        assert f.read() == original
+    after = store.scan("s")
+    assert (after.damage.kind, after.damage.offset, after.unmarked_quarantines) == (
+        before.damage.kind, before.damage.offset, [])
