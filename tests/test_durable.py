@@ -268,16 +268,22 @@ def test_repair_interrupted_before_its_cut_reuses_the_quarantine(tmp_path):
     assert store.scan("s1").status == "clean"
 
 
-def test_a_repair_that_cannot_cut_the_log_leaves_no_quarantine(tmp_path):
-    """The cut fails (an append-only file refuses it): the tail's copy, published just
-    before, is withdrawn; the error says where and why; the log keeps every byte and a
-    second scan finds no quarantine to name."""
+def torn_session(tmp_path):
+    """A JSONL session on a Faulty file system whose last record is torn."""
     fs = Faulty()
     store = open_jsonl(str(tmp_path / "st"), fs=fs)
     store.create("s1")
     path = tmp_path / "st" / "s1.jsonl"
     with open(path, "ab") as f:
         f.write(b'{"seq":2,"ts"')
+    return fs, store, path
+
+
+def test_a_repair_that_cannot_cut_the_log_leaves_no_quarantine(tmp_path):
+    """The cut fails (an append-only file refuses it): the tail's copy, published just
+    before, is withdrawn; the error says where and why; the log keeps every byte and a
+    second scan finds no quarantine to name."""
+    fs, store, path = torn_session(tmp_path)
     data = path.read_bytes()
     fs.fail("ftruncate", exc=OSError(errno.EPERM, "Operation not permitted"))
     with pytest.raises(sessionlog.IOFailure, match="cutting the log at offset .*Operation not permitted"):
@@ -290,12 +296,7 @@ def test_a_repair_that_cannot_cut_the_log_leaves_no_quarantine(tmp_path):
 def test_a_repair_whose_cut_is_not_made_durable_names_its_quarantine(tmp_path):
     """The cut is made but its fsync fails: the quarantine stays (the log may have lost
     the tail), the error names it, and the next repair marks it."""
-    fs = Faulty()
-    store = open_jsonl(str(tmp_path / "st"), fs=fs)
-    store.create("s1")
-    path = tmp_path / "st" / "s1.jsonl"
-    with open(path, "ab") as f:
-        f.write(b'{"seq":2,"ts"')
+    fs, store, path = torn_session(tmp_path)
     real_ftruncate = fs.ftruncate
 
     def ftruncate(fd, size):
