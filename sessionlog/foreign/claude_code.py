@@ -421,7 +421,24 @@ class ClaudeCode:
                 break
         self._results_first(lines, analysis)
         self._reused_ids(lines, analysis)
+        self._same_for_copies(lines, analysis)
         return analysis
+
+    @staticmethod
+    def _same_for_copies(lines: list[Line], analysis: Analysis) -> None:
+        """Give a line repeated byte for byte (its ``uuid`` included: the tool keeps one
+        entry per uuid, the copies being the same entry) the very edit the plan makes to
+        its first copy, which is the one the analysis reads: left as it was, the copy
+        would still hold what the edit mends (a second answer kept as a result)."""
+        plan = analysis.plan
+        first: dict[bytes, int] = {}
+        for line in lines:
+            if line.obj is None or not isinstance(line.obj.get("uuid"), str) or not line.raw.endswith(b"\n"):
+                continue
+            at = first.setdefault(line.raw, line.index)
+            if at != line.index and at in plan.replace and line.index not in plan.replace \
+                    and line.index not in plan.drop:
+                plan.replace[line.index] = plan.replace[at]
 
     def _reused_ids(self, lines: list[Line], analysis: Analysis) -> None:
         """Report a ``tool_use`` id that an earlier response of the conversation Claude
@@ -443,9 +460,11 @@ class ClaudeCode:
                     first[use] = (group, number)
                     continue
                 earlier, where = first[use]
-                if earlier is group:
-                    continue
-                detail = (f"tool_use id {use} was used by an earlier response (line {where}) of the conversation "
+                # Within one response too: its entries are one assistant message, which may
+                # not name a call twice (the API rejects it); which copy the results answer
+                # cannot be told, so nothing is guessed at.
+                what = ("earlier in the same response" if earlier is group else "by an earlier response")
+                detail = (f"tool_use id {use} was used {what} (line {where}) of the conversation "
                           "Claude Code resumes: the API rejects a repeated id; repair refuses the file (renaming a "
                           "call would part it from its results)")
                 analysis.findings.append(Finding(REUSED_CALL_ID, number, detail, call_id=use, repairable=False))
@@ -807,10 +826,12 @@ class ClaudeCode:
             return  # only a block other than a tool_result can come before one
         planned, origin = _as_planned(lines, plan)
         laid_out: list[list[tuple[int, list[Any]]]] = []
-        self._turns(planned, as_written=True, laid_out=laid_out)
+        answering: list[tuple[_Group, list[str]]] = []
+        self._turns(planned, as_written=True, laid_out=laid_out, answering=answering)
         tree = _Tree(planned)
-        resumed = set(self._chain(tree))
-        for message in laid_out:
+        chain = self._chain(tree)
+        resumed = set(chain)
+        for message, (group, _) in zip(laid_out, answering, strict=True):
             late = _first_late_result(message)
             if late is None:
                 continue
@@ -828,13 +849,21 @@ class ClaudeCode:
                 # Chained where the first of them is; failing that (a results entry moved up
                 # from below a later entry of a split response would lose its calls), where
                 # the first that holds only tool_result blocks is, the rest below it.
-                for anchor in dict.fromkeys([anchor, tree.parent(chained[0])]):
+                # Failing both (a results entry chained between two entries of a split
+                # response, such as an orphan kept as text: a result moved above it would
+                # lose the later entry's calls, one left below it comes after its text), the
+                # response's entries are chained one after the other first, the results below
+                # its last one.
+                tries: list[tuple[int | None, dict[int, int]]] = [
+                    (a, {}) for a in dict.fromkeys([anchor, tree.parent(chained[0])])]
+                for anchor, moved in tries + list(self._response_first(tree, chain, group, held).items()):
                     if anchor is None:
                         continue
                     parents = {r: p for r, p in zip(chained, [anchor, *chained[:-1]], strict=True)}
-                    for r in chained[:-1]:
+                    parents.update(moved)
+                    for r in [*chained[:-1], *([anchor] if moved else [])]:
                         for kid in tree.children.get(str(tree.obj(r).get("uuid")), ()):
-                            if kid not in held:
+                            if kid not in held and kid not in moved:
                                 parents[kid] = chained[-1]  # what followed the results follows them still
                     if not _cyclic(tree, parents) and not self._keeps_conversation(tree, planned, parents, resumed,
                                                                                    held):
@@ -878,6 +907,25 @@ class ClaudeCode:
                 + " (its results entries joined as Claude Code chains them), which the API rejects; repair "
                 "chains the results entries so that every tool_result comes first", call_id=rid))
         analysis.findings.sort(key=lambda f: f.line)
+
+    @staticmethod
+    def _response_first(tree: _Tree, chain: list[int], group: _Group,
+                        results: Mapping[int, Any]) -> dict[int, dict[int, int]]:
+        """For a response split by its own results entries on the resumed ``chain`` (an
+        entry of ``group`` chained below one of the ``results`` of its message): {its last
+        entry on the chain: the new parents that chain each of its entries there to the one
+        before it}; {} otherwise."""
+        entries = [e for e in chain if e in group.entries]
+        parents: dict[int, int] = {}
+        for before, entry in zip(entries, entries[1:]):
+            cur = tree.parent(entry)
+            seen: set[int] = set()
+            while cur is not None and cur != before and cur not in seen:
+                seen.add(cur)
+                cur = tree.parent(cur)
+            if cur == before and not seen.isdisjoint(results):
+                parents[entry] = before
+        return {entries[-1]: parents} if parents else {}
 
     def _keeps_conversation(self, tree: _Tree, planned: list[Line], parents: dict[int, int], resumed: set[int],
                             results: Mapping[int, Any]) -> bool:
