@@ -311,6 +311,20 @@ def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
     proven as a whole; the envelopes are decoded from the raw members. The first line
     that is not proven (and the prefix is empty when the region is not one object per
     line) is left to the exact, line-by-line rules, which accept it or explain why not."""
+    members = _decode_lines(region)
+    if members is not None:
+        # Proven whole, strict UTF-8 included (checked in the pass that finds the openers).
+        run = _compact_run(region, members, first_seq)
+        if run is not None:
+            return run, True
+    return _checked_run(region, first_seq, members)
+
+
+def _checked_run(region: bytes, first_seq: int, members: list[dict[str, msgspec.Raw]] | None
+                 ) -> tuple[RecordRun, bool]:
+    """:func:`region_run` once the compact proof failed (``members``: the region's
+    objects, None when it does not decode): the lines before the first byte that is not
+    strict UTF-8, on the general path."""
     cut = False
     if not region.isascii():
         try:
@@ -321,11 +335,7 @@ def region_run(region: bytes, first_seq: int) -> tuple[RecordRun, bool]:
             if not region:
                 return RecordRun.empty(), False
             cut = True
-    members = _decode_lines(region)
-    if members is not None:
-        run = _compact_run(region, members, first_seq)
-        if run is not None:
-            return run, not cut
+            members = _decode_lines(region)
     run, every = _general_run(region, first_seq, members)
     return run, every and not cut
 
@@ -341,7 +351,7 @@ def region_run_in(buf: bytes, start: int, end: int, first_seq: int) -> tuple[Rec
     members = _decode_lines(memoryview(buf)[start:end])
     if members is not None:
         again = _encoder.encode_lines(members)
-        if len(again) == end - start and buf.startswith(again, start) and _utf8(again):
+        if len(again) == end - start and buf.startswith(again, start):
             run = _compact_proven(again, members, first_seq)
             if run is not None:
                 return run, True
@@ -349,7 +359,8 @@ def region_run_in(buf: bytes, start: int, end: int, first_seq: int) -> tuple[Rec
         if _utf8(region):
             # The members decoded from the very same bytes: the general path takes them.
             return _general_run(region, first_seq, members)
-    return region_run(buf[start:end], first_seq)
+        return _checked_run(region, first_seq, members)
+    return _checked_run(buf[start:end], first_seq, None)
 
 
 def _utf8(data: bytes) -> bool:
@@ -364,7 +375,7 @@ def _utf8(data: bytes) -> bool:
 
 
 def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
-    """The run of a region (valid UTF-8, whole lines) whose every line is a record
+    """The run of a region (whole lines) whose every line is a record
     written as this engine writes them, proven without splitting it into lines; None
     when any line is not (the general path then finds the proven prefix).
 
@@ -374,7 +385,8 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
     unique top-level keys (a repeated key keeps one member and would not re-encode to
     the same bytes). Depth: a line nested deeper than ``MAX_DEPTH`` opens more than
     ``MAX_DEPTH`` brackets; the openers are kept with the newlines in one C-level pass,
-    and a line with that many is measured exactly, value by value."""
+    and a line with that many is measured exactly, value by value. None too when the
+    region is not strict UTF-8."""
     if _encoder.encode_lines(members) != region:
         return None
     return _compact_proven(region, members, first_seq)
@@ -382,17 +394,12 @@ def _compact_run(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq
 
 def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_seq: int) -> RecordRun | None:
     """:func:`_compact_run` once ``members`` are proven to re-encode to ``region``: the
-    newline count, depth and envelope rules."""
+    UTF-8, newline count, depth and envelope rules (None when one does not hold)."""
     n = len(members)
-    openers = region.translate(None, _NOT_OPENERS)
-    if openers.count(b"\n") != n:
+    if not _utf8(region):
         return None
-    if len(openers) - n > MAX_DEPTH and _MANY_OPENERS.search(b"\n" + openers) is not None:
-        # Some line opens that many brackets (a long list of objects, or brackets inside
-        # a long string): measure those, member by member.
-        for k, count in enumerate(map(len, openers.split(b"\n"))):
-            if count > MAX_DEPTH and _members_deeper(members[k]):
-                return None
+    if not _shallow(region, members):
+        return None
     # Each seq is written as the digits of the integer expected: the only JSON text that
     # decodes to it as an integer (no leading zeros, no "+"; a fraction or an exponent
     # is a float). Any other text takes the general path, which decodes it.
@@ -407,6 +414,46 @@ def _compact_proven(region: bytes, members: list[dict[str, msgspec.Raw]], first_
     if "" in types:
         return None
     return RecordRun(region, seqs, tss, types, members)
+
+
+_WINDOW = 16 << 10
+"""Bytes of whole lines whose brackets :func:`_shallow` counts at a time."""
+
+
+def _shallow(region: bytes, members: list[dict[str, msgspec.Raw]]) -> bool:
+    """For a region proven to be the compact objects ``members``, each ending in a
+    newline: True when it holds one newline per object (no member's JSON text holds one)
+    and no line nests deeper than ``MAX_DEPTH``.
+
+    The brackets are counted a window of whole lines at a time with C-level searches
+    (``bytes.replace`` of one byte finds it with ``memchr``), not byte by byte: every
+    line opens at least its own object, so a line that opens more than ``MAX_DEPTH``
+    brackets makes its window open at least ``MAX_DEPTH`` more brackets than it has
+    lines. Only a window that does is read byte by byte: its openers are kept (newlines
+    too, in one C-level pass), and a line with more than ``MAX_DEPTH`` is measured
+    exactly, value by value."""
+    size = len(region)
+    start = 0
+    lines = 0  # the lines before ``start``
+    while start < size:
+        end = region.rfind(b"\n", start, start + _WINDOW) + 1
+        if end <= start:  # one line longer than a window: the window is that line
+            end = region.find(b"\n", start) + 1 or size
+        window = region[start:end] if start or end < size else region
+        kept = window.replace(b"\n", b"")
+        in_window = len(window) - len(kept)
+        if len(kept) - len(kept.replace(b"{", b"").replace(b"[", b"")) - in_window >= MAX_DEPTH:
+            openers = window.translate(None, _NOT_OPENERS)
+            if _MANY_OPENERS.search(b"\n" + openers) is not None:
+                counts = list(map(len, openers.split(b"\n")))
+                if lines + len(counts) - 1 > len(members):
+                    return False  # more lines than objects: a member's text holds a newline
+                for k, count in enumerate(counts, lines):
+                    if count > MAX_DEPTH and _members_deeper(members[k]):
+                        return False
+        lines += in_window
+        start = end
+    return lines == len(members)
 
 
 def _members_deeper(members: dict[str, msgspec.Raw]) -> bool:
