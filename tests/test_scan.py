@@ -195,3 +195,20 @@ def test_a_region_run_is_its_records_in_parallel_lists():
     assert head.records() == exact[:41] and run.head(len(run)) is run
     again = RecordRun.of(exact[:3])
     assert again.records() is not None and again.data == region[: len(again.data)] and again.seqs == [2, 3, 4]
+
+
+@pytest.mark.parametrize("depth", [128, 129])
+@pytest.mark.parametrize("where", [2, 150, 300, 599])
+def test_one_deep_line_among_flat_lines_is_judged_wherever_it_lies(depth, where):
+    """Flat lines open one bracket each, so a line 129 deep is the only excess in its
+    bracket count: wherever it lies (first or last line of a counted window, or across
+    windows), 128 deep is a record and 129 deep ends the prefix there."""
+    lines = [b'{"seq":1,"ts":1.5,"type":"session/start","session":"s","format":"sessionlog/1"}']
+    for seq in range(2, 601):
+        line = deep(depth) if seq == where else b'{"seq":SEQ,"ts":2.0,"type":"flat","pad":"' + b"p" * 90 + b'"}'
+        lines.append(line.replace(b"SEQ", str(seq).encode()))
+    records, stable, damage = scan_bytes(b"\n".join(lines) + b"\n", session_id="s")
+    if depth == 128:
+        assert damage is None and len(records) == 600
+    else:
+        assert len(records) == where - 1 and damage is not None
