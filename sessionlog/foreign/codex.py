@@ -9,6 +9,10 @@ module relies on:
   ``tool_search_output``. ``event_msg`` records mirror them for the UI and never pair.
 - A ``compacted`` line replaces the history Codex resumes with its
   ``replacement_history``: pairing restarts there, with the calls and outputs it holds.
+  Codex resumes that history as written, so a call in it followed there by a message is
+  answered inside it, before that message, and an output of it (or a line after it)
+  answering such a call after that message moves into it, before that message: the
+  compacted line's payload is rewritten (refused in a rollout with ordinals, below).
 
 Repair, in the shape Codex itself uses when it patches a prompt: for each call without an
 output, an output item with the same ``call_id`` carrying sessionlog's recovery text and
@@ -114,18 +118,31 @@ def _history(lines: list[Line]) -> list[tuple[int, Mapping[str, Any]]]:
 def _epochs(lines: list[Line]) -> list[list[tuple[int, Mapping[str, Any]]]]:
     """Every stretch pairing happens in: the lines before the first ``compacted``, then
     each ``compacted`` line's replacement history with the lines up to the next one."""
-    epochs: list[list[tuple[int, Mapping[str, Any]]]] = [[]]
+    return [[(index, item) for index, _, item in epoch] for epoch in _placed_epochs(lines)]
+
+
+def _placed_epochs(lines: list[Line]) -> list[list[tuple[int, int | None, Mapping[str, Any]]]]:
+    """:func:`_epochs` with each item's place: (line index, its position in the line's
+    replacement history, or None for a ``response_item`` line, item)."""
+    epochs: list[list[tuple[int, int | None, Mapping[str, Any]]]] = [[]]
     for line in lines:
         obj = line.obj
         if obj is None:
             continue
         if obj.get("type") == "compacted":
             replacement = _payload(obj).get("replacement_history")
-            epochs.append([(line.index, item) for item in replacement if isinstance(item, Mapping)]
-                          if isinstance(replacement, list) else [])
+            epochs.append([(line.index, pos, item) for pos, item in enumerate(replacement)
+                           if isinstance(item, Mapping)] if isinstance(replacement, list) else [])
         elif obj.get("type") == "response_item":
-            epochs[-1].append((line.index, _payload(obj)))
+            epochs[-1].append((line.index, None, _payload(obj)))
     return epochs
+
+
+def _next_message(history: Sequence[Any], pos: int) -> int | None:
+    """The position of the first ``message`` item after position ``pos`` of a replacement
+    history, None when none follows."""
+    return next((p for p in range(pos + 1, len(history))
+                 if isinstance(history[p], Mapping) and history[p].get("type") == "message"), None)
 
 
 class Codex:
@@ -166,30 +183,44 @@ class Codex:
                 if isinstance(cid, str) and cid not in evidence:
                     evidence[cid] = f"line {line.number}: event_msg {_payload(obj).get('type')}"
         last = len(lines) - 1
-        history_drops: dict[int, list[Mapping[str, Any]]] = {}  # compacted line -> its items to remove
-        for epoch in _epochs(lines):
-            calls: dict[str, tuple[int, Mapping[str, Any]]] = {}
+        # Edits of compacted lines' replacement histories, by line index: the positions of
+        # the items removed (or moved) from it, and the items put before a position (moved
+        # outputs first, then answers).
+        history_drops: dict[int, set[int]] = {}
+        history_before: dict[int, dict[int, list[Mapping[str, Any]]]] = {}
+
+        def history_of(index: int) -> list[Any]:
+            obj = lines[index].obj
+            assert obj is not None
+            return _payload(obj)["replacement_history"]
+
+        def put_in_history(index: int, before: int, item: Mapping[str, Any]) -> None:
+            history_before.setdefault(index, {}).setdefault(before, []).append(item)
+
+        for epoch in _placed_epochs(lines):
+            calls: dict[str, tuple[int, int | None, Mapping[str, Any]]] = {}
             answered: dict[str, Mapping[str, Any]] = {}  # call id -> its output
-            last_message = -1  # line of the latest message item in the stretch
-            for index, item in epoch:
+            last_message = (-1, -1)  # (line, position in its history) of the latest message item
+            for index, pos, item in epoch:
                 kind = _kind(item)
                 cid = _call_id(item)
+                here = (index, -1 if pos is None else pos)
                 if kind == "message":
-                    last_message = index
+                    last_message = here
                 if kind in ANSWER and cid is not None:
                     if cid not in calls:
-                        calls[cid] = (index, item)
+                        calls[cid] = (index, pos, item)
                         continue
                     first = lines[calls[cid][0]].number
-                    what = (f"repeats the call of line {first}" if item == calls[cid][1] else
+                    what = (f"repeats the call of line {first}" if item == calls[cid][2] else
                             f"reuses the call_id of another call (line {first}; its output, if any, answers that one)")
-                    if lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
+                    if pos is None:
                         plan.drop[index] = DUPLICATE_CALL
                         analysis.findings.append(Finding(
                             DUPLICATE_CALL, lines[index].number,
                             f"{kind} {cid} {what}; repair moves the line to the quarantine file", call_id=cid))
                     else:  # an item of the compacted history on line ``index``
-                        history_drops.setdefault(index, []).append(item)
+                        history_drops.setdefault(index, set()).add(pos)
                         analysis.findings.append(Finding(
                             DUPLICATE_CALL, lines[index].number,
                             f"{kind} {cid} in the compacted history {what}; repair removes the item from that "
@@ -199,9 +230,30 @@ class Codex:
                     bad = ORPHAN_RESULT if cid not in calls else DUPLICATE_RESULT if cid in answered else None
                     if bad is None:
                         answered[cid] = item
-                        call_line = calls[cid][0]
-                        if call_line < last_message and call_line < index and lines[index].obj is not None \
-                                and lines[index].obj.get("type") == "response_item":
+                        call_line, call_pos, _ = calls[cid]
+                        call_here = (call_line, -1 if call_pos is None else call_pos)
+                        message = None if call_pos is None else _next_message(history_of(call_line), call_pos)
+                        if message is not None and here > (call_line, message):
+                            # A message of the compacted history follows the call there: Codex
+                            # resumes that history as it is, so the output goes into it, before
+                            # that message.
+                            put_in_history(call_line, message, item)
+                            if pos is not None:
+                                history_drops.setdefault(index, set()).add(pos)
+                                analysis.findings.append(Finding(
+                                    MISPLACED_OUTPUT, lines[index].number,
+                                    f"{kind} for {cid} in the compacted history comes after a message that follows "
+                                    "its call there; repair moves the item, unchanged, before that message in that "
+                                    "history", call_id=cid))
+                            else:
+                                plan.drop[index] = MISPLACED_OUTPUT
+                                analysis.findings.append(Finding(
+                                    MISPLACED_OUTPUT, lines[index].number,
+                                    f"{kind} for {cid} comes after a message that follows its call in the compacted "
+                                    f"history of line {lines[call_line].number}; repair moves the item, unchanged, "
+                                    "into that history before that message (the line goes to the quarantine file)",
+                                    call_id=cid))
+                        elif call_here < last_message < here and pos is None:
                             # A message between a call and its output is rejected: the output
                             # moves, byte for byte, to where an answer to the call goes.
                             plan.move[index] = self._answer_point(lines, call_line)
@@ -215,45 +267,62 @@ class Codex:
                            else "is a second output for its call, the same as its first" if item == answered[cid]
                            else "is a second output for its call, different from its first (one call has one "
                            "output: the first answers it)")
-                    if lines[index].obj is not None and lines[index].obj.get("type") == "response_item":
+                    analysis.orphans.append(cid)
+                    if pos is None:
                         plan.drop[index] = bad
-                        analysis.orphans.append(cid)
                         analysis.findings.append(Finding(
                             bad, lines[index].number,
                             f"{kind} for {cid!r} {why}; repair moves the line to the quarantine file (Codex drops "
                             "it too)", call_id=cid))
                     else:  # an item of the compacted history on line ``index``
-                        history_drops.setdefault(index, []).append(item)
-                        analysis.orphans.append(cid)
+                        history_drops.setdefault(index, set()).add(pos)
                         analysis.findings.append(Finding(
                             bad, lines[index].number,
                             f"{kind} for {cid!r} in the compacted history {why}; repair removes the item from that "
                             "history (the backup keeps it)", call_id=cid))
-            for cid, (index, item) in calls.items():
+            for cid, (index, pos, item) in calls.items():
                 if cid in answered:
                     continue
-                after = self._answer_point(lines, index)
                 ev = evidence.get(cid)
                 code = answer_code(ev)
-                template = next((obj for line in reversed(lines[: after + 1]) if (obj := line.obj) is not None
-                                 and isinstance(obj.get("timestamp"), str)), lines[index].obj or {})
-                ordinal = None
-                if after == last and next_ordinal is not None:
-                    ordinal, next_ordinal = next_ordinal, next_ordinal + 1
-                plan.insert(after, encode_entry(_output_line(template, item, cid, code, answer_text(
-                    _tool_name(item), cid, ev), ordinal, shape if ordinal is not None else None)))
-                plan.added.append({"type": ANSWER[str(_kind(item))], "call_id": cid, "code": code,
-                                   "after_line": lines[after].number})
+                text = answer_text(_tool_name(item), cid, ev)
+                message = None if pos is None else _next_message(history_of(index), pos)
+                if message is not None:
+                    # In a compacted history, with a message after the call there: the answer
+                    # goes into that history, before that message (Codex resumes it as it is).
+                    put_in_history(index, message, _output_line({}, item, cid, code, text, None)["payload"])
+                    plan.added.append({"type": ANSWER[str(_kind(item))], "call_id": cid, "code": code,
+                                       "in_line": lines[index].number})
+                    where = "inside that history, before the message that follows it there"
+                else:
+                    after = self._answer_point(lines, index)
+                    template = next((obj for line in reversed(lines[: after + 1]) if (obj := line.obj) is not None
+                                     and isinstance(obj.get("timestamp"), str)), lines[index].obj or {})
+                    ordinal = None
+                    if after == last and next_ordinal is not None:
+                        ordinal, next_ordinal = next_ordinal, next_ordinal + 1
+                    plan.insert(after, encode_entry(_output_line(template, item, cid, code, text, ordinal,
+                                                                 shape if ordinal is not None else None)))
+                    plan.added.append({"type": ANSWER[str(_kind(item))], "call_id": cid, "code": code,
+                                       "after_line": lines[after].number})
+                    where = None
                 analysis.unanswered.append(cid)
                 analysis.findings.append(Finding(
                     UNANSWERED_CALL, lines[index].number,
-                    f"{item.get('type')} {cid} ({_tool_name(item)}) has no output; repair answers it {code}"
-                    + (f" ({ev})" if ev else ""), call_id=cid, code=code))
-        for index, drops in history_drops.items():
+                    f"{item.get('type')} {cid} ({_tool_name(item)})" + (" in the compacted history" if pos is not None
+                                                                       else "")
+                    + f" has no output; repair answers it {code}" + (f" ({ev})" if ev else "")
+                    + (f", {where}" if where else ""), call_id=cid, code=code))
+        for index in sorted(set(history_drops) | set(history_before)):
             obj = lines[index].obj
             assert obj is not None
             payload = _payload(obj)
-            kept = [item for item in payload["replacement_history"] if not any(item is d for d in drops)]
+            drops, before = history_drops.get(index, set()), history_before.get(index, {})
+            kept: list[Any] = []
+            for pos, item in enumerate(payload["replacement_history"]):
+                kept += before.get(pos, ())
+                if pos not in drops:
+                    kept.append(item)
             plan.replace[index] = with_members(lines[index], {"payload": {**payload, "replacement_history": kept}})
         return analysis
 
