@@ -5,11 +5,10 @@ call clean (found by fuzzing transcripts against the three)."""
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 
-from sessionlog.cli import main
+from cli_runs import run, scan
 
 BASE = {"isSidechain": False, "userType": "external", "cwd": "/p", "sessionId": "s1", "version": "2.1.119"}
 VIEWS = ("anthropic", "openai", "responses")
@@ -36,17 +35,6 @@ def write(tmp_path, entries: list[dict], name: str = "s1.jsonl"):
     path = tmp_path / name
     path.write_bytes(b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in entries))
     return path
-
-
-def run(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(args), out)
-    return code, out.getvalue()
-
-
-def scan(path) -> tuple[int, dict]:
-    code, out = run("scan", str(path), "--json")
-    return code, json.loads(out)
 
 
 def checks(path) -> list[int]:

@@ -6,13 +6,12 @@ view passes its check, and a second repair changes no byte."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
 import pytest
 
-from sessionlog.cli import main
+from cli_runs import run, scan
 
 VIEWS = ("anthropic", "openai", "responses")
 META = {"timestamp": "2026-11-30T10:00:00.000Z", "type": "session_meta",
@@ -37,18 +36,6 @@ def compacted(history: list[dict]) -> dict:
 
 def live(item: dict, second: int) -> dict:
     return {"timestamp": f"2026-11-30T10:00:{second:02d}.000Z", "type": "response_item", "payload": item}
-
-
-def run(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(list(args), out)
-    return code, out.getvalue()
-
-
-def scan(path) -> tuple[int, dict]:
-    code, out = run("scan", str(path), "--json")
-    [row] = [json.loads(r) for r in out.splitlines() if r.strip()]
-    return code, row
 
 
 def show_checks(path) -> dict[str, int]:
