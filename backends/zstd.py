@@ -369,8 +369,8 @@ class ZstdStore(FileStore):
         its records must be byte-identical to the old log's — then, under the writer lock
         (status "locked" when a writer owns it), renamed over the log and the directory
         fsynced; a log that grew before the lock was taken is copied again under it. A log
-        already compact or damaged gets no lock file. A writer in another process notices the new inode on its next
-        append. A damaged log is never compacted (status "refused"); skippable frames are
+        already compact or damaged gets no lock file. A writer in another process notices
+        the new inode on its next append. A damaged log is never compacted (status "refused"); skippable frames are
         not carried over (``dropped_skippable_frames``). Raises SessionNotFound,
         CorruptLog / UnsupportedFormat (not a session log), IOFailure."""
         self.check_id(session_id)
@@ -386,7 +386,8 @@ class ZstdStore(FileStore):
                 report = CompactReport(session_id, path, "unchanged")
                 if not held and self._owned(session_id):
                     self.fs.stat(path)  # SessionNotFound / IOFailure first, as take_lock gives them
-                    report.status, report.reason = "locked", f"{self.lock_path_of(session_id)}: another writer owns this session"
+                    report.status = "locked"
+                    report.reason = f"{self.lock_path_of(session_id)}: another writer owns this session"
                     return report
                 try:
                     done = self._compact_once(session_id, report, frame_bytes, level, progress, held)

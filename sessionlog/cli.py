@@ -599,13 +599,19 @@ def _print_repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: boo
 
 def repaired_view(store: EventStore, sid: str, plan: RepairReport) -> Iterator[Any]:
     """The session as repair would leave it, without writing: the durable prefix, then
-    what the repair ``plan`` (a forced dry run) would append (its marker names no
-    quarantine: none is written, the bytes stay in the log)."""
+    :func:`planned_records`."""
+    yield from read_prefix(store, sid)
+    yield from planned_records(plan)
+
+
+def planned_records(plan: RepairReport) -> list[Any]:
+    """What the repair ``plan`` (a forced dry run) would append, as a view shows it: its
+    marker names no quarantine (none is written, the bytes stay in the log)."""
     from .convert import unwritten_record
 
-    yield from read_prefix(store, sid)
-    if plan.status == "repaired":
-        yield from (unwritten_record(record, plan.path) for record in plan.appended)
+    if plan.status != "repaired":
+        return []
+    return [unwritten_record(record, plan.path) for record in plan.appended]
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
@@ -647,13 +653,13 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO, un
                 out.write(record.raw.decode("utf-8") + "\n")
         return EXIT_OK
     from . import projection
-    from .convert import unwritten_record
 
     # Two passes over the log (projection.stream_view): the pairing, then the view written
     # item by item. The second reads the records the first read, whatever a writer
     # appended meanwhile.
     meters: list[Meter] = []
     durable: list[int] = []
+    appended = planned_records(plan)
 
     def read() -> Iterator[Any]:
         records = read_prefix(store, sid)
@@ -665,8 +671,7 @@ def _show(args: argparse.Namespace, store: EventStore, sid: str, out: TextIO, un
             yield record
         if not durable:
             durable.append(n)
-        if plan.status == "repaired":
-            yield from (unwritten_record(record, plan.path) for record in plan.appended)
+        yield from appended
 
     with progress(args, "reading", size) as meter:
         meters.append(meter)

@@ -59,8 +59,9 @@ def restore(store: Any, session_id: str, *, dry_run: bool = False) -> RestoreRep
 
     Under the session's lock (SessionLocked while a writer owns it). Refuses, changing
     nothing, unless every record from the repair's ``log/truncated`` marker to the end is
-    one the repair wrote (``synthetic``) and the log before the marker is exactly the
-    durable prefix the repair cut at. The new log is published atomically (temp file,
+    one the repair wrote (``synthetic``) and the log before the repair's batch (its
+    marker, after the markers of stopped repairs it finished) is exactly the durable
+    prefix the repair cut at. The new log is published atomically (temp file,
     fsync, rename, directory fsync); then the quarantine is renamed ``<name>.restored``
     (a crash in between leaves a log whose damaged tail and quarantine the next repair
     recognizes). ``dry_run`` checks everything and writes nothing, not even the lock
@@ -105,7 +106,7 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
         return report
     report.offset = offset = marker["offset"]
     if not markers:
-        report.quarantine = os.path.join(store.directory, marker["quarantine"])
+        report.quarantine = _quarantine(store, marker)
         return _refused(report, f"record {unsynthetic.seq} ({unsynthetic.type}) was appended after the repair "
                         f"that cut at offset {offset}: restoring would lose it")
     fs = store.fs
@@ -125,7 +126,7 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
         batch = [m for m in markers if m.seq > scanner.last_seq]
         if (scanner.damage is not None or scanner.stable_offset != offset or not batch
                 or (unsynthetic is not None and unsynthetic.seq > scanner.last_seq)):
-            report.quarantine = os.path.join(store.directory, marker["quarantine"])
+            report.quarantine = _quarantine(store, marker)
             return _refused(report, f"the log's first {offset} bytes are not the prefix the repair left "
                             f"(records before its batch; its marker is seq {marker.seq}), or records a "
                             "writer appended follow them: restoring would lose them")
@@ -133,13 +134,11 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
         # before any repair are the oldest quarantine's; the newer ones hold what a stopped
         # repair had begun to write after its cut (its own output, undone with it).
         undone = [m for m in batch if m["offset"] == offset] if batch[0]["offset"] == offset else [marker]
-        first = undone[0]
-        name = first["quarantine"]
-        report.quarantine = os.path.join(store.directory, name)
+        report.quarantine = _quarantine(store, undone[0])
         report.removed_records = last_seq - scanner.last_seq
         for m in undone:
             try:
-                q_fds.append(fs.open(os.path.join(store.directory, m["quarantine"]), os.O_RDONLY | O_NOFOLLOW))
+                q_fds.append(fs.open(_quarantine(store, m), os.O_RDONLY | O_NOFOLLOW))
             except FileNotFoundError:
                 return _refused(report, f"the quarantine {m['quarantine']} named by the repair's marker "
                                 f"(seq {m.seq}) is gone")
@@ -165,8 +164,7 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
             return _refused(report, "the log changed while it was being restored")
         # The log holds the quarantined bytes again: the quarantines are no longer cut tails.
         for m in undone:
-            q = os.path.join(store.directory, m["quarantine"])
-            fs.rename(q, q + ".restored")
+            fs.rename(_quarantine(store, m), _quarantine(store, m) + ".restored")
         fsync_dir(fs, store.directory)
     except OSError as exc:
         raise IOFailure(f"{path}: restore failed: {exc.strerror or exc}") from exc
@@ -179,6 +177,11 @@ def _restore_locked(store: Any, sid: str, dry_run: bool, lock: Any = None) -> Re
     report.status = "restored"
     report.quarantine += ".restored"
     return report
+
+
+def _quarantine(store: Any, marker: Any) -> str:
+    """The path of the quarantine file a ``log/truncated`` marker names."""
+    return os.path.join(store.directory, marker["quarantine"])
 
 
 def _refused(report: RestoreReport, reason: str) -> RestoreReport:

@@ -247,6 +247,9 @@ STYLES = {"clean": "green", "open": "cyan", "repairable": "yellow", "needs-force
 
 
 def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
+    if not rows:
+        print("note: no Claude Code transcripts or Codex rollouts", file=sys.stderr)
+        return
     from rich.table import Table
 
     table = Table(show_edge=False, header_style="bold")
@@ -259,8 +262,7 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             "" if row["records"] is None else str(row["records"]), d.get("kind", ""), str(d.get("offset", "")),
             str(d.get("length", "")), ", ".join(row["unanswered_calls"]), ", ".join(row["orphan_results"]))
     console = terminal_console(out)
-    if rows:
-        console.print(table)
+    console.print(table)
     for row in rows:
         for finding in row["findings"]:
             console.print(f"{row['file']}:{finding['line']}: {finding['detail']}", markup=False, highlight=False)
@@ -270,8 +272,6 @@ def _scan_table(rows: list[dict[str, Any]], out: TextIO) -> None:
             console.print(f"{row['file']}: repair refuses it: {row['reason']}", markup=False, highlight=False)
         if "error" in row:
             console.print(f"[red]{row['file']}[/]: {row['error']}", highlight=False)
-    if not rows:
-        print("note: no Claude Code transcripts or Codex rollouts", file=sys.stderr)
 
 
 # --- repair ----------------------------------------------------------------------------
@@ -352,6 +352,9 @@ def run_repair(target: ForeignTarget, *, force: bool, dry_run: bool, as_json: bo
 
 
 def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> None:
+    if not rows:
+        print("note: no Claude Code transcripts or Codex rollouts", file=sys.stderr)
+        return
     from rich.table import Table
 
     table = Table(show_edge=False, header_style="bold", title="dry run: nothing written" if dry_run else None)
@@ -364,13 +367,10 @@ def _repair_table(rows: list[dict[str, Any]], out: TextIO, *, dry_run: bool) -> 
                       str(row["truncated_bytes"]), answered, ", ".join(map(str, row["changed_lines"])),
                       os.path.basename(row["backup"]) if row["backup"] else (row["reason"] or ""))
     console = terminal_console(out)
-    if rows:
-        console.print(table)
+    console.print(table)
     for row in rows:
         if row["quarantine"]:
             console.print(f"{row['file']}: removed lines kept in {row['quarantine']}", markup=False, highlight=False)
-    if not rows:
-        print("note: no Claude Code transcripts or Codex rollouts", file=sys.stderr)
 
 
 # --- show ------------------------------------------------------------------------------
